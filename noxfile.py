@@ -1,0 +1,130 @@
+"""Nox sessions for the Dew workspace.
+
+Every distribution under ``packages/`` gets its own ``tests``, ``isolated`` and
+``build`` session, so ``nox -l`` lists them one by one. A plain ``nox`` runs
+everything CI needs.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import tempfile
+import tomllib
+
+import nox
+
+ROOT = pathlib.Path(__file__).parent
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
+TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120"]
+# What an isolated install of a distribution must not pull in.
+FORBIDDEN = {
+    "dew-rl": {"flax", "optax", "torch", "pyarrow", "safetensors", "verl", "trl"},
+    "dew": {"torch", "verl", "trl"},
+    "dew-sandbox": {"torch", "verl", "trl"},
+}
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    *[f"tests(package='{p}')" for p in PACKAGES],
+    *[f"isolated(package='{p}')" for p in PACKAGES],
+    "parity",
+    *[f"build(package='{p}')" for p in PACKAGES],
+]
+
+
+def _sync(session: nox.Session, *args: str) -> None:
+    """Install workspace members into the session's own virtualenv with uv sync."""
+    env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
+    session.run_install("uv", "sync", "--locked", "--no-default-groups", *args, env=env)
+
+
+def _workspace_deps(package: str) -> list[str]:
+    """The names of the workspace distributions that ``package`` needs, itself included."""
+    seen: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.append(name)
+        meta = tomllib.loads((ROOT / "packages" / name / "pyproject.toml").read_text())
+        for dep in meta["project"].get("dependencies", []):
+            dep_name = dep.split(";")[0].split("[")[0]
+            for sep in "<>=!~ ":
+                dep_name = dep_name.split(sep)[0]
+            if dep_name in PACKAGES:
+                visit(dep_name)
+
+    visit(package)
+    return seen
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def tests(session: nox.Session, package: str) -> None:
+    """One distribution's tests, with only that distribution and its dependencies installed."""
+    _sync(session, "--package", package, "--exact")
+    session.install(*TEST_TOOLS)
+    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def isolated(session: nox.Session, package: str) -> None:
+    """Build the wheel, install it alone into a fresh venv, import it and check what came with it."""
+    with tempfile.TemporaryDirectory() as wheels:
+        for name in _workspace_deps(package):
+            session.run("uv", "build", "--package", name, "--wheel", "-o", wheels, silent=True)
+        venv = pathlib.Path(wheels) / "venv"
+        session.run("uv", "venv", "--quiet", str(venv))
+        python = str(venv / "bin" / "python")
+        session.run(
+            "uv", "pip", "install", "--quiet", "--python", python, "--find-links", wheels, package
+        )
+        module = "dew.rl" if package == "dew-rl" else package.replace("-", ".")
+        forbidden = sorted(FORBIDDEN.get(package, set()))
+        check = (
+            "import importlib, importlib.metadata as md, sys\n"
+            f"importlib.import_module({module!r})\n"
+            "names = {d.metadata['Name'].lower() for d in md.distributions()}\n"
+            f"bad = names & set({forbidden!r})\n"
+            "print('installed:', ', '.join(sorted(names)))\n"
+            "sys.exit(f'isolated install pulled in {sorted(bad)}' if bad else 0)\n"
+        )
+        session.run(python, "-c", check, external=True)
+
+
+@nox.session
+def parity(session: nox.Session) -> None:
+    """Cross-package tests: import arrows, parity suites against recorded references."""
+    _sync(session, "--all-packages", "--exact")
+    session.install(*TEST_TOOLS)
+    session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    session.install("ruff>=0.8")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy over every distribution's sources."""
+    _sync(session, "--all-packages", "--exact")
+    session.install("mypy>=1.13")
+    sources = [f"packages/{p}/src" for p in PACKAGES]
+    session.run("mypy", *sources, env={"MYPYPATH": os.pathsep.join(sources)})
+
+
+@nox.session
+@nox.parametrize("package", PACKAGES)
+def build(session: nox.Session, package: str) -> None:
+    """Build one distribution's sdist and wheel into dist/."""
+    session.run("uv", "build", "--package", package, "-o", "dist", external=True)

@@ -1,0 +1,1 @@
+"""Run untrusted programs under limits."""
