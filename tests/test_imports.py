@@ -1,0 +1,139 @@
+"""The import arrows of DESIGN.md, checked by parsing every source file.
+
+Nothing is imported: each file under ``packages/*/src`` is parsed with ``ast``
+and its import statements are resolved to absolute module names (relative
+imports included). The rules:
+
+* ``dew.rl`` imports only jax, numpy, the standard library and itself;
+* inside the ``dew`` distribution, only ``dew.objectives`` may import ``dew.rl``;
+* ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``.
+
+The checker is also run on planted violations, so a checker that silently
+accepts everything fails here too.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SATELLITES = ("dew.rollout", "dew.sandbox", "dew.flow")
+RL_ALLOWED_THIRD_PARTY = {"jax", "jaxlib", "numpy"}
+
+
+def module_name(path: pathlib.Path, src: pathlib.Path) -> str:
+    """``src/dew/rl/_gae.py`` -> ``dew.rl._gae``; ``__init__.py`` names its package."""
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """Absolute names of everything ``source`` imports, with line numbers."""
+    found: list[tuple[int, str]] = []
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            # `from dew import rl` imports the submodule dew.rl.
+            found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
+    return found
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    """Which of ``imports`` made by ``module`` break an arrow."""
+    bad: list[str] = []
+    for line, name in imports:
+        top = name.split(".")[0]
+        if _within(module, "dew.rl"):
+            if top == "dew" and not _within(name, "dew.rl") and name != "dew":
+                bad.append(f"{module}:{line} dew.rl imports {name}")
+            elif top not in ("dew", *RL_ALLOWED_THIRD_PARTY) and top not in sys.stdlib_module_names:
+                bad.append(f"{module}:{line} dew.rl imports third-party {name}")
+        elif not any(_within(module, s) for s in SATELLITES):
+            if _within(name, "dew.rl") and not _within(module, "dew.objectives"):
+                bad.append(f"{module}:{line} only dew.objectives may import dew.rl, not {module}")
+            for satellite in SATELLITES:
+                if _within(name, satellite):
+                    bad.append(f"{module}:{line} dew imports {satellite} ({name})")
+    return bad
+
+
+def source_files() -> list[tuple[pathlib.Path, str]]:
+    files = []
+    for src in sorted((ROOT / "packages").glob("*/src")):
+        for path in sorted(src.rglob("*.py")):
+            files.append((path, module_name(path, src)))
+    return files
+
+
+def check_source(source: str, module: str, is_package: bool = False) -> list[str]:
+    return violations(module, imported_modules(source, module, is_package))
+
+
+def test_there_are_sources_to_check() -> None:
+    modules = {m for _, m in source_files()}
+    assert "dew" in modules
+    assert any(_within(m, "dew.rl") for m in modules)
+
+
+def test_every_source_file_respects_the_arrows() -> None:
+    bad: list[str] = []
+    for path, module in source_files():
+        bad += check_source(path.read_text(), module, path.name == "__init__.py")
+    assert not bad, "import arrows broken:\n" + "\n".join(bad)
+
+
+PLANTED = [
+    ("dew.rl._gae", "import flax\n"),
+    ("dew.rl._gae", "from optax import adam\n"),
+    ("dew.rl._gae", "import dew.models\n"),
+    ("dew.rl._gae", "from .. import trainer\n"),
+    ("dew.trainer.step", "import dew.rl\n"),
+    ("dew.trainer.step", "from dew.rl import token_mean\n"),
+    ("dew.trainer.step", "from dew import rl\n"),
+    ("dew.data.chat", "from ..rl import gae\n"),
+    ("dew.models.decoder", "import dew.sandbox\n"),
+    ("dew.inference.server", "from dew.rollout import Publication\n"),
+    ("dew.objectives.lm", "from dew.flow import presets\n"),
+    ("dew.cli", "def f():\n    import dew.sandbox.fleet\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), PLANTED)
+def test_planted_violation_is_caught(module: str, source: str) -> None:
+    assert check_source(textwrap.dedent(source), module), f"missed: {module}: {source!r}"
+
+
+ALLOWED = [
+    ("dew.rl._gae", "import functools\nimport jax.numpy as jnp\nimport numpy as np\n"),
+    ("dew.rl", "from ._gae import gae\nfrom dew.rl._token_mean import token_mean\n"),
+    ("dew.objectives.rl.grpo", "from dew.rl import clipped_surrogate\nfrom ... import rl\n"),
+    ("dew.objectives.lm", "import dew.rl\n"),
+    ("dew.sandbox.fleet", "import dew.models\nfrom dew.sandbox import limits\n"),
+    ("dew.flow.objective", "import dew.rl\n"),
+    ("dew.trainer.step", "import jax\nfrom dew.models import build\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), ALLOWED)
+def test_allowed_import_passes(module: str, source: str) -> None:
+    assert check_source(source, module, module.count(".") < 2 and "._" not in module) == []
