@@ -1,0 +1,67 @@
+"""Mask helpers shared by the dew.rl functions (private).
+
+A mask is a boolean or numeric array; a non-zero entry keeps its position. Values at
+positions a mask drops are replaced through ``jnp.where`` before any arithmetic touches
+them, so a nan or inf sitting in padding reaches neither a result nor a gradient.
+
+The denominators reproduce how torch types verl's ``mask.sum() + 1e-8`` (verl 0.9.1,
+``verl.utils.torch_functional.masked_mean``): an integer or boolean mask sums to int64 and
+adding the Python float gives torch's default float32, so the 1e-8 is added in float32
+whatever the dtype of the values; a floating mask keeps its own dtype.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+#: The constant verl adds to mask counts in ``masked_mean``.
+COUNT_EPS = 1e-8
+
+
+def keep_of(mask: jax.Array) -> jax.Array:
+    """Boolean view of ``mask``: True where the position is kept."""
+    mask = jnp.asarray(mask)
+    if mask.dtype == jnp.bool_:
+        return mask
+    return mask != jnp.zeros((), mask.dtype)
+
+
+def select(x: jax.Array, keep: jax.Array, fill: float = 0.0) -> jax.Array:
+    """``x`` where ``keep``, else ``fill`` (in ``x``'s dtype)."""
+    return jnp.where(keep, x, jnp.asarray(fill, dtype=x.dtype))
+
+
+def count_dtype(mask: jax.Array) -> jnp.dtype:
+    """The floating dtype torch gives ``mask.sum() + 1e-8`` for this mask."""
+    dtype = jnp.result_type(mask)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return dtype
+    return jnp.dtype(jnp.float32)
+
+
+def eps_denominator(count: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """verl's ``count + 1e-8``, added in torch's dtype, then cast to ``dtype``."""
+    cdtype = count_dtype(mask)
+    return (count.astype(cdtype) + jnp.asarray(COUNT_EPS, cdtype)).astype(dtype)
+
+
+def clamp(x: jax.Array, low: float | None = None, high: float | None = None) -> jax.Array:
+    """``torch.clamp`` with its gradient: one at and inside the bounds, zero beyond.
+
+    ``jnp.clip`` passes no gradient at a bound and ``jnp.minimum`` passes half at a tie, so
+    the two selects here reproduce torch's inclusive gradient. A nan stays nan.
+    """
+    if low is not None:
+        low_a = jnp.asarray(low, dtype=x.dtype)
+        x = jnp.where(x < low_a, low_a, x)
+    if high is not None:
+        high_a = jnp.asarray(high, dtype=x.dtype)
+        x = jnp.where(x > high_a, high_a, x)
+    return x
+
+
+def at_least_float32(dtype: jnp.dtype) -> jnp.dtype:
+    """float32 for half-precision dtypes, the dtype itself for float32 and float64."""
+    dtype = jnp.dtype(dtype)
+    return dtype if dtype.itemsize >= 4 else jnp.dtype(jnp.float32)

@@ -1,0 +1,429 @@
+"""The local process launcher shared by every runner that starts host processes.
+
+:func:`launch` starts an argv in a directory under :class:`SandboxLimits` and returns an
+:class:`Outcome`. What it guarantees:
+
+* In the child, before ``exec``: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, no core dumps
+  (RLIMIT_CORE 0), a new session and process group, ``PR_SET_PDEATHSIG`` = SIGKILL
+  (set through ``prctl`` via ctypes) followed by a check that ``getppid()`` is still the
+  launching process (the parent may have died between ``fork`` and ``prctl``), and a
+  minimal environment (:func:`sandbox_environment`).
+* In the parent: stdin is fed without blocking, stdout and stderr are read with a cap on
+  both together, and the program's process group is SIGKILLed at the wall deadline, as
+  soon as the cap is passed, when a cancel event is set, and after the program exits
+  (so a child it left behind dies with it).
+* When the parent is root and a ``uid`` is given, the program runs under that otherwise
+  unused user id (group id the same, no supplementary groups) with RLIMIT_NPROC, which
+  is per user, as its process cap. Leaving the process group (``setsid``, a double
+  fork) then does not help an escapee: after the program, a helper that switches to the
+  same uid calls ``kill(-1, SIGKILL)``, which reaches every process of that uid, until
+  none is left (checked in /proc).
+* Without root, an environment marker (``DEW_SANDBOX_JOB``) is the fallback: after the
+  program, processes of the caller's user whose initial environment carries it are
+  killed. A process that rewrites its environment and leaves the process group can
+  evade that; run untrusted code in :class:`~dew.sandbox.ContainerRunner`.
+
+Edge cases: a program that cannot be started (missing command, argv too large) is a
+``FAILED`` outcome with ``exit_code`` None and the error on stderr. ``PR_SET_PDEATHSIG``
+fires when the *thread* that forked the child exits, so launch from a thread that
+outlives the program (the fleet's worker threads do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import resource
+import secrets
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+
+from dew.sandbox.limits import SandboxLimits
+from dew.sandbox.outcome import Outcome, Verdict
+from dew.sandbox.runner import CancelFlag
+
+__all__ = [
+    "MARKER_VARIABLE",
+    "SandboxCancelled",
+    "kill_marked",
+    "kill_user",
+    "launch",
+    "live_processes_of_user",
+    "marked_processes",
+    "sandbox_environment",
+]
+
+MARKER_VARIABLE = "DEW_SANDBOX_JOB"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PR_SET_PDEATHSIG = 1
+_CHUNK = 1 << 16
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+class SandboxCancelled(Exception):
+    """Raised by a runner when its cancel event stopped a program (after cleaning up)."""
+
+
+def sandbox_environment(home: str, marker: str) -> dict[str, str]:
+    """The whole environment a program sees: PATH, locale, HOME/TMPDIR and the job marker."""
+    return {
+        "PATH": SANDBOX_PATH,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": home,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        MARKER_VARIABLE: marker,
+    }
+
+
+def new_marker() -> str:
+    """A fresh random job marker."""
+    return "dew-" + secrets.token_hex(12)
+
+
+def _make_preexec(limits: SandboxLimits, parent_pid: int, own_user: bool) -> Callable[[], None]:
+    cpu = limits.cpu_rlimit
+    address = limits.address_space_bytes
+    fsize = limits.file_bytes
+    nproc = limits.processes
+
+    def preexec() -> None:  # runs in the child between fork and exec: syscalls only
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, cpu)
+        resource.setrlimit(resource.RLIMIT_AS, (address, address))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if own_user:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        # Popen switched the user already; the kernel clears the death signal on a
+        # credential change, so it is set here, after it.
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _proc_entries() -> Iterator[int]:
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            yield int(name)
+
+
+def live_processes_of_user(uid: int) -> list[int]:
+    """Pids whose real uid is ``uid`` and that are not zombies (from /proc)."""
+    found = []
+    for pid in _proc_entries():
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                status = f.read()
+        except OSError:
+            continue
+        real_uid = state = None
+        for line in status.splitlines():
+            if line.startswith(b"State:"):
+                state = line.split()[1]
+            elif line.startswith(b"Uid:"):
+                real_uid = int(line.split()[1])
+                break
+        if real_uid == uid and state not in (b"Z", b"X"):
+            found.append(pid)
+    return found
+
+
+def marked_processes(marker: str) -> list[int]:
+    """Pids of live processes whose initial environment holds ``DEW_SANDBOX_JOB=marker``."""
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    found = []
+    for pid in _proc_entries():
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read()
+        except OSError:
+            continue
+        if needle in environ.split(b"\x00"):
+            found.append(pid)
+    return found
+
+
+def kill_marked(marker: str, rounds: int = 50) -> bool:
+    """SIGKILL every process carrying ``marker``; True when none is left."""
+    for _ in range(rounds):
+        pids = marked_processes(marker)
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+    return not marked_processes(marker)
+
+
+def _kill_all_as(uid: int) -> None:
+    """Fork a helper that becomes ``uid`` and sends SIGKILL to ``-1``.
+
+    ``kill(-1, SIGKILL)`` from an unprivileged process reaches every process it may
+    signal, i.e. every process of the same uid (the helper excepted), in one pass under
+    the kernel's task-list lock, so a forking program cannot outrun it. Linux returns 0
+    whenever any other process exists, so the caller checks /proc for survivors.
+    """
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child; only plain system calls
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        except BaseException:
+            code = 1
+        os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def kill_user(uid: int, timeout: float = 5.0) -> bool:
+    """Kill every live process of ``uid`` (needs root); True when none is left.
+
+    Zombies are not counted: they hold no resources and go when their parent reaps them.
+    """
+    end = time.monotonic() + timeout
+    while True:
+        _kill_all_as(uid)
+        if not live_processes_of_user(uid):
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """True when the child has exited (it stays unreaped, so its pid cannot be reused)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+@contextlib.contextmanager
+def _closing_selector() -> Iterator[selectors.BaseSelector]:
+    selector = selectors.DefaultSelector()
+    try:
+        yield selector
+    finally:
+        selector.close()
+
+
+def _failed_to_start(error: OSError, started: float) -> Outcome:
+    message = f"sandbox: could not start the program: {error}\n".encode()
+    return Outcome(Verdict.FAILED, None, b"", message, time.monotonic() - started)
+
+
+def launch(
+    argv: tuple[str, ...] | list[str],
+    *,
+    cwd: str,
+    stdin: bytes,
+    limits: SandboxLimits,
+    env: Mapping[str, str],
+    uid: int | None = None,
+    marker: str | None = None,
+    cancel: CancelFlag | None = None,
+) -> Outcome:
+    """Run ``argv`` in ``cwd`` under ``limits`` and return its :class:`Outcome`.
+
+    Args:
+        argv: command and arguments, no shell.
+        cwd: working directory (the job directory).
+        stdin: fed to the program, then closed.
+        limits: see :class:`SandboxLimits`.
+        env: the complete environment (see :func:`sandbox_environment`).
+        uid: run as this user and group id (the parent must be root); its processes are
+            all killed after the program. None keeps the caller's user.
+        marker: the value of ``DEW_SANDBOX_JOB`` in ``env``; processes carrying it are
+            killed after the program when ``uid`` is None.
+        cancel: when set, the program is killed and :class:`SandboxCancelled` raised.
+
+    Raises:
+        SandboxCancelled: the cancel event stopped the program (already cleaned up).
+    """
+    own_user = uid is not None
+    if own_user and os.geteuid() != 0:
+        raise PermissionError(f"launch: uid={uid} needs a root parent, running as {os.geteuid()}")
+    started = time.monotonic()
+    deadline = started + limits.deadline_seconds
+    preexec = _make_preexec(limits, os.getpid(), own_user)
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=preexec,
+            close_fds=True,
+            user=uid,
+            group=uid,
+            extra_groups=[] if own_user else None,
+            umask=0o077,
+        )
+    except OSError as error:
+        return _failed_to_start(error, started)
+    except subprocess.SubprocessError as error:
+        return _failed_to_start(OSError(errno.ECHILD, str(error)), started)
+
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+    out = {out_fd: bytearray(), err_fd: bytearray()}
+    stdin_fd = proc.stdin.fileno()
+    pidfd = _pidfd(proc.pid)
+    cap = limits.output_bytes
+    total = 0
+    timed_out = over_cap = cancelled = False
+    pending = memoryview(stdin)
+    try:
+        with _closing_selector() as selector:
+            for fd in out:
+                os.set_blocking(fd, False)
+                selector.register(fd, selectors.EVENT_READ)
+            if pending:
+                os.set_blocking(stdin_fd, False)
+                selector.register(stdin_fd, selectors.EVENT_WRITE)
+            else:
+                proc.stdin.close()
+            if pidfd is not None:
+                selector.register(pidfd, selectors.EVENT_READ)
+            open_outputs = len(out)
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    timed_out = True
+                    break
+                if cancel is not None and cancel.is_set():
+                    cancelled = True
+                    break
+                # With a pidfd the exit wakes the selector; otherwise poll every 20 ms.
+                wait = min(deadline - now, 0.05 if pidfd is not None else 0.02)
+                if open_outputs == 0 and pidfd is None:
+                    wait = min(wait, 0.002)
+                exited = False
+                for key, _ in selector.select(wait):
+                    fd = key.fd
+                    if fd == pidfd:
+                        exited = True
+                    elif fd == stdin_fd:
+                        try:
+                            written = os.write(fd, pending[:_CHUNK])
+                            pending = pending[written:]
+                        except BlockingIOError:
+                            continue
+                        except OSError:  # the program closed its stdin
+                            pending = pending[:0]
+                        if not pending:
+                            selector.unregister(fd)
+                            proc.stdin.close()
+                    else:
+                        try:
+                            chunk = os.read(fd, _CHUNK)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            selector.unregister(fd)
+                            open_outputs -= 1
+                            continue
+                        room = cap - total
+                        out[fd] += chunk[: max(room, 0)]
+                        total += len(chunk)
+                        if total > cap:
+                            over_cap = True
+                if over_cap:
+                    break
+                if exited or ((pidfd is None or open_outputs == 0) and _exited(proc.pid)):
+                    break
+            # Whatever ended the loop, the whole group goes now (the leader is still
+            # unreaped, so the group id cannot have been reused).
+            _kill_group(proc.pid)
+            if own_user:
+                assert uid is not None
+                _kill_all_as(uid)  # one sweep now; checked once the leader is reaped
+            # Drain what the program wrote before it ended; a writer that escaped the
+            # kill could hold a pipe open, so bound the wait.
+            drain_end = time.monotonic() + 1.0
+            while open_outputs and not over_cap and time.monotonic() < drain_end:
+                for key, _ in selector.select(0.05):
+                    if key.fd not in out:
+                        continue
+                    try:
+                        chunk = os.read(key.fd, _CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        open_outputs -= 1
+                        continue
+                    room = cap - total
+                    out[key.fd] += chunk[: max(room, 0)]
+                    total += len(chunk)
+                    if total > cap:
+                        over_cap = True
+    finally:
+        _kill_group(proc.pid)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if own_user:
+            assert uid is not None
+            kill_user(uid)
+        elif marker is not None:
+            kill_marked(marker)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                stream.close()
+        if pidfd is not None:
+            os.close(pidfd)
+    seconds = time.monotonic() - started
+    if cancelled:
+        raise SandboxCancelled("the program was cancelled")
+    code = proc.returncode
+    cpu_used = usage.ru_utime + usage.ru_stime
+    verdict = _verdict(code, timed_out, over_cap, cpu_used, limits)
+    return Outcome(verdict, code, bytes(out[out_fd]), bytes(out[err_fd]), seconds)
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _verdict(
+    code: int, timed_out: bool, over_cap: bool, cpu_used: float, limits: SandboxLimits
+) -> Verdict:
+    if over_cap:
+        return Verdict.OUTPUT_LIMIT
+    if timed_out:
+        return Verdict.TIMEOUT
+    if code == -signal.SIGXCPU:
+        return Verdict.TIMEOUT
+    if code == -signal.SIGKILL and cpu_used >= limits.cpu_rlimit[1] - 0.05:
+        return Verdict.TIMEOUT  # the hard RLIMIT_CPU (the program ignored SIGXCPU)
+    if code < 0:
+        return Verdict.CRASHED
+    return Verdict.COMPLETED if code == 0 else Verdict.FAILED

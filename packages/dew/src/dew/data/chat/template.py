@@ -1,0 +1,136 @@
+"""ChatTokenizer: a ``tokenizers`` tokenizer plus its Jinja chat template, without transformers.
+
+A Hugging Face tokenizer directory holds ``tokenizer.json`` (the ``tokenizers`` pipeline) and
+``tokenizer_config.json`` (``chat_template``, special tokens). ``ChatTokenizer.load(dir)``
+reads both. ``render`` fills the template the way transformers does for
+``apply_chat_template`` (Jinja with ``trim_blocks`` and ``lstrip_blocks``, the loop-control
+extension, a ``tojson`` filter that keeps non-ASCII text, ``raise_exception`` and
+``strftime_now``; ``{% generation %}`` blocks render their body), and ``encode`` tokenizes the
+rendered text without adding special tokens, as ``apply_chat_template`` does, since the
+template writes them itself.
+
+Checked against transformers 5.10's ``apply_chat_template`` by ``tools/parity_chat.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
+
+
+class _Generation(jinja2.ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: render the body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body, lineno=lineno)
+
+
+def _raise(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None,
+            sort_keys: bool = False) -> str:  # fmt: skip
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)  # fmt: skip
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+class ChatTokenizer:
+    """A tokenizer with a chat template.
+
+    Args:
+      tokenizer: a ``tokenizers.Tokenizer``.
+      chat_template: the Jinja source.
+      special: special token strings passed to the template (``bos_token``, ``eos_token`` ...).
+    """
+
+    def __init__(
+        self, tokenizer: Any, chat_template: str, special: Mapping[str, str] | None = None
+    ):
+        if not isinstance(chat_template, str) or not chat_template:
+            raise ValueError("chat_template: the tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.special = dict(special or {})
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_Generation, jinja2.ext.loopcontrols],
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        self._template = env.from_string(chat_template)
+        pad = self.special.get("pad_token")
+        self.pad_id = self.tokenizer.token_to_id(pad) if pad else None
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> ChatTokenizer:
+        """Read ``tokenizer.json`` and ``tokenizer_config.json`` from a local directory."""
+        from tokenizers import Tokenizer
+
+        directory = os.fspath(directory)
+        tok_path = os.path.join(directory, "tokenizer.json")
+        cfg_path = os.path.join(directory, "tokenizer_config.json")
+        for path in (tok_path, cfg_path):
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"tokenizer: {path!r} not found")
+        with open(cfg_path, encoding="utf-8") as f:
+            config = json.load(f)
+        template = config.get("chat_template")
+        jinja_path = os.path.join(directory, "chat_template.jinja")
+        if template is None and os.path.isfile(jinja_path):
+            with open(jinja_path, encoding="utf-8") as f:
+                template = f.read()
+        if isinstance(template, list):  # named templates: take "default"
+            named = {t.get("name"): t.get("template") for t in template}
+            template = named.get("default")
+        if not isinstance(template, str):
+            raise ValueError(f"tokenizer {directory!r}: tokenizer_config.json has no chat_template")
+        special = {}
+        for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            text = _token_text(config.get(name))
+            if text is not None:
+                special[name] = text
+        return cls(Tokenizer.from_file(tok_path), template, special)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        **kwargs: Any,
+    ) -> str:
+        """The template's text for ``messages``."""
+        return self._template.render(
+            messages=list(messages),
+            tools=None if tools is None else list(tools),
+            add_generation_prompt=add_generation_prompt,
+            **self.special,
+            **kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of rendered text, no special tokens added."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)

@@ -1,0 +1,498 @@
+"""`Server`: continuous batching of generation requests over fixed cache slots.
+
+The server owns a key/value cache of `slots` rows and `capacity` positions,
+kept on the device between calls (its buffers are donated to each program).
+`step()` runs one scheduling round:
+
+1. waiting requests take free slots; their prompts are prefilled together
+   (left-padded to a bucketed width, each row's real tokens packed into its
+   slot) and their first token is sampled;
+2. every live slot decodes up to `steps_per_call` tokens inside one compiled
+   loop (rows that end stop writing their cache; the loop exits early when
+   all rows have ended);
+3. requests that ended (EOS, budget, cancel, error) leave and free their slot.
+
+Requests therefore join and leave between decode steps. `reload(variables)`
+swaps the weights between two rounds, casting floating leaves to the served
+dtype, and bumps the weights version; each finished `Completion` lists the
+version that produced each of its tokens. Every request draws from its own
+key, folded with its token index, so what it samples does not depend on which
+other requests share the batch.
+
+A request whose prompt plus budget exceeds `capacity` is refused at submit
+with `RequestTooLarge`. If a compiled program raises, every request it was
+serving finishes with the error and its slot is freed; the cache is rebuilt.
+The server is thread-safe: `submit`, `cancel` and `reload` may be called from
+other threads while one thread drives `step`.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.inference.compiled import ProgramCache, bucket
+from dew.inference.generation import as_key, check_context, tree_signature, variables_of
+from dew.models.config import dtype_name
+from dew.models.decoder import CausalTransformer, KVCache, empty_cache
+from dew.sampling import Draw, Sampling, draw, is_eos
+
+
+class RequestTooLarge(ValueError):
+    """A request whose prompt and budget cannot fit in one cache slot."""
+
+
+@dataclasses.dataclass
+class Completion:
+    """A finished request.
+
+    ids: int32 `[n]` sampled ids (EOS included when it ended the request).
+    raw_log_probs, behavior_log_probs: float32 `[n]`. versions: int64 `[n]`,
+    the weights version that produced each id. finish_reason: "eos",
+    "length", "cancelled" or "error" (then `error` holds the exception).
+    submitted_version: the weights version when the request was submitted.
+    support: int32 `[n, K]` kept ids per draw when the Sampling returns them.
+    """
+
+    request_id: int
+    prompt_ids: np.ndarray
+    ids: np.ndarray
+    raw_log_probs: np.ndarray
+    behavior_log_probs: np.ndarray
+    versions: np.ndarray
+    finish_reason: str
+    submitted_version: int
+    error: BaseException | None = None
+    support: np.ndarray | None = None
+
+    @property
+    def eos(self) -> bool:
+        return self.finish_reason == "eos"
+
+
+@dataclasses.dataclass
+class _Request:
+    request_id: int
+    prompt: np.ndarray
+    budget: int
+    key: np.ndarray  # raw uint32 key data
+    submitted_version: int
+    callback: Callable[[Completion], None] | None
+    ids: list[int] = dataclasses.field(default_factory=list)
+    raw: list[float] = dataclasses.field(default_factory=list)
+    behavior: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    support: list[np.ndarray] = dataclasses.field(default_factory=list)
+    cancelled: bool = False
+
+
+def _row_draw(logits: jax.Array, keys: jax.Array, counts: jax.Array, sampling: Sampling) -> Draw:
+    """Per-row draws: row b uses its key folded with its token index."""
+    if sampling.greedy:
+        return draw(logits, jax.random.key(0), sampling)
+
+    def one(row_logits, key_data, count):
+        key = jax.random.fold_in(jax.random.wrap_key_data(key_data), count)
+        out = draw(row_logits[None], key, sampling)
+        return jax.tree.map(lambda x: x[0], out)
+
+    return jax.vmap(one)(logits, keys, counts)
+
+
+def _admit_program(model: CausalTransformer, sampling: Sampling, capacity: int) -> Callable:
+    def admit(variables, cache, prompts, lengths, slots, keys):
+        logits, fresh = model.apply(variables, prompts, lengths, capacity, method="prefill")
+        out = _row_draw(logits, keys, jnp.zeros_like(lengths), sampling)
+        keys_ = tuple(
+            big.at[slots].set(new, mode="drop") for big, new in zip(cache.keys, fresh.keys)
+        )
+        values = tuple(
+            big.at[slots].set(new, mode="drop") for big, new in zip(cache.values, fresh.values)
+        )
+        lengths_ = cache.lengths.at[slots].set(fresh.lengths, mode="drop")
+        return KVCache(keys_, values, lengths_), out, is_eos(out.ids, sampling)
+
+    return admit
+
+
+def _decode_program(model: CausalTransformer, sampling: Sampling, steps: int, k: int) -> Callable:
+    def decode(variables, cache, tok, live, count, budgets, keys):
+        s = tok.shape[0]
+        ids = jnp.zeros((s, steps), jnp.int32)
+        raw = jnp.zeros((s, steps), jnp.float32)
+        beh = jnp.zeros((s, steps), jnp.float32)
+        made = jnp.zeros((s, steps), bool)
+        eos = jnp.zeros((s,), bool)
+        sup = jnp.full((s, steps, k), -1, jnp.int32)
+
+        def cond(state):
+            j, live = state[0], state[3]
+            return (j < steps) & jnp.any(live)
+
+        def body(state):
+            j, cache, tok, live, count, eos, ids, raw, beh, made, sup = state
+            logits, cache = model.apply(variables, tok, cache, live, method="decode")
+            out = _row_draw(logits, keys, count, sampling)
+            col = (0, j)
+            ids = jax.lax.dynamic_update_slice(ids, jnp.where(live, out.ids, 0)[:, None], col)
+            raw = jax.lax.dynamic_update_slice(raw, out.raw_log_probs[:, None], col)
+            beh = jax.lax.dynamic_update_slice(beh, out.behavior_log_probs[:, None], col)
+            made = jax.lax.dynamic_update_slice(made, live[:, None], col)
+            if out.support is not None:
+                sup = jax.lax.dynamic_update_slice(sup, out.support[:, None, :], (0, j, 0))
+            count = count + live.astype(jnp.int32)
+            hit = live & is_eos(out.ids, sampling)
+            eos = eos | hit
+            tok = jnp.where(live, out.ids, tok)
+            live = live & ~hit & (count < budgets)
+            return j + 1, cache, tok, live, count, eos, ids, raw, beh, made, sup
+
+        state = (jnp.int32(0), cache, tok, live, count, eos, ids, raw, beh, made, sup)
+        _, cache, tok, live, count, eos, ids, raw, beh, made, sup = jax.lax.while_loop(
+            cond, body, state
+        )
+        return cache, (tok, live, count, eos, ids, raw, beh, made, sup)
+
+    return decode
+
+
+class Server:
+    """Continuous-batching generation over `slots` cache rows of `capacity` positions.
+
+    model, variables: the decoder and its weights. sampling: one `Sampling`
+    for every request. dtype: served compute dtype (default: the model's);
+    floating weights are cast to it. steps_per_call: decode steps per compiled
+    call between scheduling rounds. min_bucket: smallest padded prompt width.
+    version: the weights version of `variables`.
+    """
+
+    def __init__(
+        self,
+        model: CausalTransformer,
+        variables: Any,
+        *,
+        slots: int = 8,
+        capacity: int = 256,
+        sampling: Sampling | None = None,
+        dtype: Any = None,
+        steps_per_call: int = 8,
+        min_bucket: int = 16,
+        version: int = 0,
+        seed: int = 0,
+    ) -> None:
+        if not isinstance(model, CausalTransformer):
+            raise TypeError(f"model: expected a CausalTransformer, got {type(model).__name__}")
+        for name, value in (
+            ("slots", slots),
+            ("capacity", capacity),
+            ("steps_per_call", steps_per_call),
+        ):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if capacity > model.config.max_seq_len:
+            raise ValueError(
+                f"capacity: {capacity} exceeds the model's max_seq_len={model.config.max_seq_len}"
+            )
+        served = dtype_name(dtype) if dtype is not None else model.config.dtype
+        self.model = CausalTransformer(model.config.replace(dtype=served))
+        self.dtype = jnp.dtype(self.model.config.compute_dtype)
+        self.sampling = sampling if sampling is not None else Sampling(temperature=0.0)
+        self.slots = slots
+        self.capacity = capacity
+        self.steps_per_call = steps_per_call
+        self.min_bucket = min_bucket
+        self.programs = ProgramCache()
+        self._lock = threading.RLock()
+        self._ids = itertools.count()
+        self._seed = seed
+        self._waiting: collections.deque[_Request] = collections.deque()
+        self._active: list[_Request | None] = [None] * slots
+        self._tok = np.zeros(slots, np.int32)
+        self._live = np.zeros(slots, bool)
+        self._count = np.zeros(slots, np.int32)
+        self._budget = np.ones(slots, np.int32)
+        self._key_width = int(jax.random.key_data(jax.random.key(0)).shape[-1])
+        self._keys = np.zeros((slots, self._key_width), np.uint32)
+        self._callbacks: dict[int, Callable[[Completion], None]] = {}
+        self._k = (
+            self.sampling.support_width(model.config.vocab_size)
+            if self.sampling.return_support
+            else 0
+        )
+        self.variables: Mapping[str, Any] = self._cast(variables_of(variables))
+        self._signature = tree_signature(self.variables)
+        self.version = version
+        self._cache = empty_cache(self.model.config, slots, capacity)
+
+    # -- public API --------------------------------------------------------------------
+
+    @property
+    def compile_count(self) -> int:
+        return self.programs.compile_count
+
+    @property
+    def compile_seconds(self) -> float:
+        return self.programs.compile_seconds
+
+    @property
+    def free_slots(self) -> int:
+        with self._lock:
+            return sum(r is None for r in self._active)
+
+    @property
+    def pending(self) -> int:
+        """Requests waiting or being served."""
+        with self._lock:
+            return len(self._waiting) + sum(r is not None for r in self._active)
+
+    def submit(
+        self,
+        prompt_ids: Sequence[int] | np.ndarray,
+        max_new_tokens: int,
+        *,
+        seed: int | None = None,
+        key: Any = None,
+        callback: Callable[[Completion], None] | None = None,
+    ) -> int:
+        """Queue a request; returns its id. The request draws from `key` (a PRNG key),
+        or `seed`, or the server's seed folded with the request id.
+        `callback(completion)` runs on the stepping thread when it finishes."""
+        prompt = check_context("prompt_ids", prompt_ids, self.model.config.vocab_size)
+        if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an int >= 1, got {max_new_tokens!r}")
+        if prompt.shape[0] + max_new_tokens > self.capacity:
+            raise RequestTooLarge(
+                f"prompt_ids: {prompt.shape[0]} prompt ids + max_new_tokens={max_new_tokens} "
+                f"exceed the server's capacity of {self.capacity} positions per slot"
+            )
+        with self._lock:
+            request_id = next(self._ids)
+            if key is not None:
+                key_data = np.asarray(jax.random.key_data(as_key(key)), np.uint32)
+            else:
+                base = jax.random.key(self._seed if seed is None else seed)
+                if seed is None:
+                    base = jax.random.fold_in(base, request_id)
+                key_data = np.asarray(jax.random.key_data(base), np.uint32)
+            self._waiting.append(
+                _Request(request_id, prompt, int(max_new_tokens), key_data, self.version, callback)
+            )
+        return request_id
+
+    def cancel(self, request_id: int) -> bool:
+        """Stop a request at the next round boundary; True if it was still pending."""
+        with self._lock:
+            for request in self._waiting:
+                if request.request_id == request_id:
+                    request.cancelled = True
+                    return True
+            for request in self._active:
+                if request is not None and request.request_id == request_id:
+                    request.cancelled = True
+                    return True
+        return False
+
+    def reload(self, variables: Any, version: int | None = None) -> int:
+        """Serve new weights from the next round on; returns the new version
+        (`version`, or the current one plus one). Floating leaves are cast to the
+        served dtype; the tree must match the served one in structure and shapes."""
+        cast = self._cast(variables_of(variables))
+        signature = tree_signature(cast)
+        if signature != self._signature:
+            raise ValueError(
+                "variables: the new tree does not match the served one in structure, "
+                "shapes or dtypes"
+            )
+        with self._lock:
+            self.variables = cast
+            self.version = self.version + 1 if version is None else int(version)
+            return self.version
+
+    def step(self) -> list[Completion]:
+        """One round: admit waiting requests, decode, return the requests that finished."""
+        with self._lock:
+            finished: list[Completion] = []
+            self._drop_cancelled(finished)
+            admitted = self._take_waiting()
+            try:
+                if admitted:
+                    self._admit(admitted, finished)
+                if self._live.any():
+                    self._decode(finished)
+            except Exception as error:  # noqa: BLE001 - reported on each request
+                self._fail_all(error, finished)
+        for completion in finished:
+            request_callback = self._callbacks.pop(completion.request_id, None)
+            if request_callback is not None:
+                request_callback(completion)
+        return finished
+
+    def run(self) -> dict[int, Completion]:
+        """Step until nothing is pending; returns every completion by request id."""
+        done: dict[int, Completion] = {}
+        while self.pending:
+            for completion in self.step():
+                done[completion.request_id] = completion
+        return done
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _cast(self, variables: Mapping[str, Any]) -> Mapping[str, Any]:
+        def cast(x: Any) -> Any:
+            x = jnp.asarray(x)
+            if jnp.issubdtype(x.dtype, jnp.floating):
+                return x.astype(self.dtype)
+            return x
+
+        return jax.tree.map(cast, dict(variables))
+
+    def _take_waiting(self) -> list[tuple[int, _Request]]:
+        free = [i for i, r in enumerate(self._active) if r is None]
+        admitted = []
+        while free and self._waiting:
+            request = self._waiting.popleft()
+            slot = free.pop(0)
+            self._active[slot] = request
+            if request.callback is not None:
+                self._callbacks[request.request_id] = request.callback
+            admitted.append((slot, request))
+        return admitted
+
+    def _admit(self, admitted: list[tuple[int, _Request]], finished: list[Completion]) -> None:
+        n = bucket(len(admitted), minimum=1, maximum=self.slots)
+        width = bucket(max(r.prompt.shape[0] for _, r in admitted), self.min_bucket, self.capacity)
+        prompts = np.zeros((n, width), np.int32)
+        lengths = np.ones((n,), np.int32)
+        slots = np.full((n,), self.slots, np.int32)  # out of range: dropped
+        keys = np.zeros((n, self._key_width), np.uint32)
+        for i, (slot, request) in enumerate(admitted):
+            prompts[i, width - request.prompt.shape[0] :] = request.prompt
+            lengths[i] = request.prompt.shape[0]
+            slots[i] = slot
+            keys[i] = request.key
+        args = (self.variables, self._cache, prompts, lengths, slots, keys)
+        program = self.programs.get(
+            ("admit", n, width, self._signature),
+            lambda: _admit_program(self.model, self.sampling, self.capacity),
+            args,
+            donate_argnums=(1,),
+        )
+        cache, out, eos = program(*args)
+        self._cache = cache
+        out, eos = jax.device_get((out, eos))
+        for i, (slot, request) in enumerate(admitted):
+            support = out.support[i] if out.support is not None else None
+            self._record(
+                request, out.ids[i], out.raw_log_probs[i], out.behavior_log_probs[i], support
+            )
+            self._tok[slot] = out.ids[i]
+            self._count[slot] = 1
+            self._budget[slot] = request.budget
+            self._keys[slot] = request.key
+            self._live[slot] = not eos[i] and request.budget > 1
+            if not self._live[slot]:
+                self._finish(slot, "eos" if eos[i] else "length", finished)
+
+    def _decode(self, finished: list[Completion]) -> None:
+        args = (
+            self.variables,
+            self._cache,
+            self._tok.copy(),
+            self._live.copy(),
+            self._count.copy(),
+            self._budget.copy(),
+            self._keys.copy(),
+        )
+        program = self.programs.get(
+            ("decode", self._signature),
+            lambda: _decode_program(self.model, self.sampling, self.steps_per_call, self._k),
+            args,
+            donate_argnums=(1,),
+        )
+        cache, outputs = program(*args)
+        self._cache = cache
+        tok, live, count, eos, ids, raw, beh, made, sup = jax.device_get(outputs)
+        was_live = self._live.copy()
+        for slot in np.flatnonzero(was_live):
+            request = self._active[slot]
+            assert request is not None
+            for j in np.flatnonzero(made[slot]):
+                self._record(
+                    request,
+                    ids[slot, j],
+                    raw[slot, j],
+                    beh[slot, j],
+                    sup[slot, j] if self._k else None,
+                )
+        self._tok[:] = tok
+        self._live[:] = live
+        self._count[:] = count
+        for slot in np.flatnonzero(was_live & ~live):
+            self._finish(slot, "eos" if eos[slot] else "length", finished)
+
+    def _record(self, request: _Request, token: Any, raw: Any, beh: Any, support: Any) -> None:
+        request.ids.append(int(token))
+        request.raw.append(float(raw))
+        request.behavior.append(float(beh))
+        request.versions.append(self.version)
+        if support is not None:
+            request.support.append(np.asarray(support))
+
+    def _completion(
+        self, request: _Request, reason: str, error: BaseException | None = None
+    ) -> Completion:
+        support = None
+        if self._k:
+            support = (
+                np.stack(request.support).astype(np.int32)
+                if request.support
+                else np.zeros((0, self._k), np.int32)
+            )
+        return Completion(
+            request_id=request.request_id,
+            prompt_ids=request.prompt,
+            ids=np.asarray(request.ids, np.int32),
+            raw_log_probs=np.asarray(request.raw, np.float32),
+            behavior_log_probs=np.asarray(request.behavior, np.float32),
+            versions=np.asarray(request.versions, np.int64),
+            finish_reason=reason,
+            submitted_version=request.submitted_version,
+            error=error,
+            support=support,
+        )
+
+    def _finish(
+        self, slot: int, reason: str, finished: list[Completion], error: BaseException | None = None
+    ) -> None:
+        request = self._active[slot]
+        assert request is not None
+        self._active[slot] = None
+        self._live[slot] = False
+        finished.append(self._completion(request, reason, error))
+
+    def _drop_cancelled(self, finished: list[Completion]) -> None:
+        kept = collections.deque()
+        for request in self._waiting:
+            if request.cancelled:
+                finished.append(self._completion(request, "cancelled"))
+            else:
+                kept.append(request)
+        self._waiting = kept
+        for slot, request in enumerate(self._active):
+            if request is not None and request.cancelled:
+                self._finish(slot, "cancelled", finished)
+
+    def _fail_all(self, error: BaseException, finished: list[Completion]) -> None:
+        for slot, request in enumerate(self._active):
+            if request is not None:
+                self._finish(slot, "error", finished, error)
+        self._live[:] = False
+        self._cache = empty_cache(self.model.config, self.slots, self.capacity)

@@ -1,0 +1,243 @@
+"""The causal decoder (Llama / Qwen2 / Qwen3 shapes) and its key/value cache.
+
+`CausalTransformer(config)` is a flax linen module. Training and scoring call it
+on packed rows; generation uses `prefill` then repeated `decode` through
+`model.apply(variables, ..., method="prefill" | "decode")`.
+
+Packed rows: `segment_ids` `[B, T]` names the chain each token belongs to (0 is
+padding) and `positions` `[B, T]` restarts at 0 for each chain. A token attends
+only to earlier-or-equal tokens of its own segment, so chains that share a row
+never see each other. Padding tokens attend to nothing real and their outputs
+are meaningless (finite, never NaN).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from dew.models.config import DecoderConfig
+from dew.models.layers import DecoderLayer, RMSNorm
+from dew.models.rope import inverse_frequencies, rotary_tables
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys and values plus each row's filled length.
+
+    keys, values: tuples of L arrays `[B, KVH, S, Dh]` in the compute dtype.
+    lengths: int32 `[B]`, how many leading slots of each row hold real tokens.
+    A row's tokens always occupy slots `0 .. lengths-1` in order, whatever
+    padding its prompt had.
+    """
+
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    lengths: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return int(self.keys[0].shape[2])
+
+    @property
+    def batch(self) -> int:
+        return int(self.keys[0].shape[0])
+
+
+def empty_cache(config: DecoderConfig, batch: int, capacity: int) -> KVCache:
+    """A zero cache of `batch` rows and `capacity` slots."""
+    shape = (batch, config.kv_heads, capacity, config.width_per_head)
+    zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.num_layers))
+    return KVCache(zeros, tuple(jnp.zeros_like(z) for z in zeros), jnp.zeros((batch,), jnp.int32))
+
+
+def _check_ids(name: str, value: Any, ndim: int) -> None:
+    if value.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(value.shape)}")
+    if not jnp.issubdtype(value.dtype, jnp.integer):
+        raise ValueError(f"{name}: expected an integer dtype, got {value.dtype}")
+
+
+class CausalTransformer(nn.Module):
+    """Pre-norm decoder: embed, L x (attention, SwiGLU), RMSNorm, output head.
+
+    Parameter tree (names chosen to map one-to-one onto Hugging Face's):
+    `embed_tokens/embedding [V, D]`, `layers_i/{input_layernorm, self_attn/{q,k,v,o}_proj,
+    self_attn/{q,k}_norm, post_attention_layernorm, mlp/{gate,up,down}_proj}`,
+    `norm/scale`, and `lm_head/kernel [D, V]` when embeddings are not tied.
+    """
+
+    config: DecoderConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.embed_tokens = nn.Embed(
+            cfg.vocab_size,
+            cfg.emb_features,
+            dtype=cfg.compute_dtype,
+            param_dtype=jnp.float32,
+            embedding_init=nn.initializers.normal(cfg.init_std),
+        )
+        self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
+        self.norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Dense(
+                cfg.vocab_size,
+                use_bias=False,
+                dtype=cfg.compute_dtype,
+                param_dtype=jnp.float32,
+                kernel_init=nn.initializers.normal(cfg.init_std),
+            )
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _tables(self, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        inv_freq = inverse_frequencies(cfg.width_per_head, cfg.rope_theta, cfg.rope_scaling)
+        return rotary_tables(positions, inv_freq)
+
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Final hidden states `[..., D]` (already normed) to float32 logits `[..., V]`."""
+        cfg = self.config
+        if cfg.tie_embeddings:
+            logits = self.embed_tokens.attend(hidden)
+        else:
+            logits = self.lm_head(hidden)
+        logits = logits.astype(jnp.float32)
+        if cfg.logit_softcap is not None:
+            cap = jnp.float32(cfg.logit_softcap)
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
+
+    def _forward(
+        self, input_ids: jax.Array, segment_ids: jax.Array | None, positions: jax.Array | None
+    ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+        _check_ids("input_ids", input_ids, 2)
+        b, t = input_ids.shape
+        if t > self.config.max_seq_len:
+            raise ValueError(
+                f"input_ids: sequence length {t} exceeds max_seq_len={self.config.max_seq_len}"
+            )
+        if segment_ids is None:
+            segment_ids = jnp.ones((b, t), jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        for name, value in (("segment_ids", segment_ids), ("positions", positions)):
+            _check_ids(name, value, 2)
+            if value.shape != input_ids.shape:
+                raise ValueError(
+                    f"{name}: expected shape {tuple(input_ids.shape)} like input_ids, "
+                    f"got {tuple(value.shape)}"
+                )
+        idx = jnp.arange(t)
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = same & (segment_ids[:, None, :] != 0) & (idx[None, :, None] >= idx[None, None, :])
+        cos, sin = self._tables(positions)
+        x = self.embed_tokens(input_ids.astype(jnp.int32))
+        kvs = []
+        for layer in self.layers:
+            x, kv = layer(x, cos, sin, mask)
+            kvs.append(kv)
+        return self.norm(x), kvs
+
+    # -- public methods ----------------------------------------------------------------
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        *,
+        return_hidden: bool = False,
+    ) -> jax.Array | tuple[jax.Array, jax.Array]:
+        """input_ids int `[B, T]` -> float32 logits `[B, T, V]`.
+
+        segment_ids `[B, T]` (0 = padding) and positions `[B, T]` default to one
+        segment per row with positions 0..T-1. With `return_hidden=True` returns
+        `(logits, hidden)` where hidden `[B, T, D]` is the final normed state.
+        """
+        hidden, _ = self._forward(input_ids, segment_ids, positions)
+        logits = self.logits_from_hidden(hidden)
+        if return_hidden:
+            return logits, hidden
+        return logits
+
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final normed hidden states `[B, T, D]` in the compute dtype (for value heads)."""
+        hidden, _ = self._forward(input_ids, segment_ids, positions)
+        return hidden
+
+    def prefill(
+        self, input_ids: jax.Array, lengths: jax.Array, capacity: int
+    ) -> tuple[jax.Array, KVCache]:
+        """Fill a fresh cache from a left-padded batch.
+
+        input_ids `[B, P]`: row b holds its `lengths[b]` real tokens at the END
+        (left padding). capacity: slots of the returned cache (>= P, static).
+        Each row's real tokens are packed into slots 0..lengths-1 of its cache,
+        so rows with different prompt lengths share one compiled shape.
+        Returns float32 logits `[B, V]` at each row's last real token and the cache.
+        A row with length 0 returns meaningless logits and an empty cache row.
+        """
+        _check_ids("input_ids", input_ids, 2)
+        b, p = input_ids.shape
+        if capacity < p:
+            raise ValueError(f"capacity: expected >= prompt width {p}, got {capacity}")
+        lengths = lengths.astype(jnp.int32)
+        pad = (p - lengths)[:, None]
+        idx = jnp.arange(p, dtype=jnp.int32)[None, :]
+        real = idx >= pad
+        segment_ids = real.astype(jnp.int32)
+        positions = jnp.where(real, idx - pad, 0)
+        hidden, kvs = self._forward(input_ids, segment_ids, positions)
+        logits = self.logits_from_hidden(hidden[:, -1])
+        source = jnp.minimum(idx + pad, p - 1)  # slot j of row b <- token j + pad_b
+        keep = (idx < lengths[:, None])[:, :, None, None]
+        dtype = self.config.compute_dtype
+        keys, values = [], []
+        for k, v in kvs:
+            packed = []
+            for arr in (k, v):
+                moved = jnp.take_along_axis(arr, source[:, :, None, None], axis=1)
+                moved = jnp.where(keep, moved, jnp.zeros_like(moved)).astype(dtype)
+                moved = jnp.pad(moved, ((0, 0), (0, capacity - p), (0, 0), (0, 0)))
+                packed.append(moved.transpose(0, 2, 1, 3))
+            keys.append(packed[0])
+            values.append(packed[1])
+        return logits, KVCache(tuple(keys), tuple(values), lengths)
+
+    def decode(
+        self, tokens: jax.Array, cache: KVCache, active: jax.Array | None = None
+    ) -> tuple[jax.Array, KVCache]:
+        """Feed one token per row. tokens int `[B]`, active bool `[B]` (default all).
+
+        Active rows write the token's key/value at slot `lengths[b]`, read at
+        rotary position `lengths[b]`, and grow by one; inactive rows leave
+        their cache and length untouched. Returns float32 logits `[B, V]`.
+        Writing past the capacity is dropped, so callers keep
+        `lengths < capacity` for active rows.
+        """
+        _check_ids("tokens", tokens, 1)
+        b = tokens.shape[0]
+        if active is None:
+            active = jnp.ones((b,), bool)
+        slot = cache.lengths
+        cos, sin = self._tables(slot[:, None])
+        x = self.embed_tokens(tokens.astype(jnp.int32)[:, None])
+        keys, values = [], []
+        for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
+            x, k_cache, v_cache = layer.decode(x, cos, sin, k_cache, v_cache, slot, active)
+            keys.append(k_cache)
+            values.append(v_cache)
+        logits = self.logits_from_hidden(self.norm(x)[:, 0])
+        lengths = jnp.where(active, slot + 1, slot)
+        return logits, KVCache(tuple(keys), tuple(values), lengths)

@@ -1,0 +1,196 @@
+"""Building blocks of the decoder: RMSNorm, grouped-query attention, SwiGLU MLP.
+
+Numerics follow transformers 5.x `modeling_llama` / `modeling_qwen3`: RMSNorm
+normalises in float32 and casts back before the scale; attention scores are
+scaled by `head_dim ** -0.5` and soft-maxed in float32. Parameters are float32;
+activations use the config's compute dtype.
+
+Attention runs in two modes:
+
+* `__call__` over a whole sequence `[B, T]` with a boolean mask `[B, T, T]`
+  (causal, inside one segment), returning the rotated keys and values so that a
+  prefill can store them in a cache;
+* `decode` for one new token per row against a key/value cache
+  `[B, KVH, S, Dh]`, writing the new key/value at each row's own slot and
+  leaving rows that are not `active` untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from dew.models.config import DecoderConfig
+from dew.models.rope import apply_rotary
+
+NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+def _dense(
+    features: int, cfg: DecoderConfig, name: str | None = None, bias: bool = False
+) -> nn.Dense:
+    return nn.Dense(
+        features,
+        use_bias=bias,
+        dtype=cfg.compute_dtype,
+        param_dtype=jnp.float32,
+        kernel_init=nn.initializers.normal(cfg.init_std),
+        name=name,
+    )
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last axis with a learned scale (init 1)."""
+
+    eps: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(self.dtype) * normed.astype(self.dtype)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE and optional Qwen3 q/k norm."""
+
+    config: DecoderConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        h, kv, dh = cfg.num_heads, cfg.kv_heads, cfg.width_per_head
+        self.q_proj = _dense(h * dh, cfg, bias=cfg.attention_bias)
+        self.k_proj = _dense(kv * dh, cfg, bias=cfg.attention_bias)
+        self.v_proj = _dense(kv * dh, cfg, bias=cfg.attention_bias)
+        self.o_proj = _dense(cfg.emb_features, cfg)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
+            self.k_norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
+
+    def _project(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cfg = self.config
+        b, t, _ = x.shape
+        dh = cfg.width_per_head
+        q = self.q_proj(x).reshape(b, t, cfg.num_heads, dh)
+        k = self.k_proj(x).reshape(b, t, cfg.kv_heads, dh)
+        v = self.v_proj(x).reshape(b, t, cfg.kv_heads, dh)
+        if cfg.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def _output(self, probs: jax.Array, v: jax.Array, b: int, t: int) -> jax.Array:
+        # probs [B, KVH, G, T, S], v [B, KVH, S, Dh] -> [B, T, H*Dh]
+        out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
+        return self.o_proj(out.reshape(b, t, -1))
+
+    def _scores(self, q: jax.Array, k: jax.Array) -> jax.Array:
+        # q [B, T, H, Dh], k [B, KVH, S, Dh] -> float32 [B, KVH, G, T, S]
+        cfg = self.config
+        b, t, _, dh = q.shape
+        q = q.reshape(b, t, cfg.kv_heads, cfg.num_heads // cfg.kv_heads, dh)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
+        return scores * (dh**-0.5)
+
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """x `[B, T, D]`, tables `[B, T, Dh]`, mask bool `[B, T, T]` (query, key).
+
+        Returns the output `[B, T, D]` and the rotated keys and values
+        `[B, T, KVH, Dh]`.
+        """
+        b, t, _ = x.shape
+        q, k, v = self._project(x, cos, sin)
+        scores = self._scores(q, k.transpose(0, 2, 1, 3))
+        scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1)
+        return self._output(probs, v.transpose(0, 2, 1, 3), b, t), (k, v)
+
+    def decode(
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        k_cache: jax.Array,
+        v_cache: jax.Array,
+        slot: jax.Array,
+        active: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """One token per row. x `[B, 1, D]`, caches `[B, KVH, S, Dh]`, slot `[B]` int32
+        (where the new key goes; also the number of keys before it), active bool `[B]`.
+
+        Rows with `active` false keep their cache bit for bit.
+        """
+        b = x.shape[0]
+        rows = jnp.arange(b)
+        q, k, v = self._project(x, cos, sin)
+        k_new = jnp.where(
+            active[:, None, None], k[:, 0].astype(k_cache.dtype), k_cache[rows, :, slot]
+        )
+        v_new = jnp.where(
+            active[:, None, None], v[:, 0].astype(v_cache.dtype), v_cache[rows, :, slot]
+        )
+        k_cache = k_cache.at[rows, :, slot].set(k_new, mode="drop")
+        v_cache = v_cache.at[rows, :, slot].set(v_new, mode="drop")
+        scores = self._scores(q, k_cache)  # [B, KVH, G, 1, S]
+        visible = jnp.arange(k_cache.shape[2])[None, :] <= slot[:, None]
+        scores = jnp.where(visible[:, None, None, None, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1)
+        return self._output(probs, v_cache, b, 1), k_cache, v_cache
+
+
+class SwiGLU(nn.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    config: DecoderConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        gate = _dense(cfg.mlp_features, cfg, "gate_proj")(x)
+        up = _dense(cfg.mlp_features, cfg, "up_proj")(x)
+        return _dense(cfg.emb_features, cfg, "down_proj")(jax.nn.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    config: DecoderConfig
+
+    def setup(self) -> None:
+        cfg = self.config
+        self.input_layernorm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
+        self.mlp = SwiGLU(cfg)
+
+    def __call__(
+        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array
+    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+    def decode(
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        k_cache: jax.Array,
+        v_cache: jax.Array,
+        slot: jax.Array,
+        active: jax.Array,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        attn, k_cache, v_cache = self.self_attn.decode(
+            self.input_layernorm(x), cos, sin, k_cache, v_cache, slot, active
+        )
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), k_cache, v_cache

@@ -1,0 +1,165 @@
+"""LMObjective: next-token cross-entropy for pretraining and SFT on packed rows.
+
+Batch fields (``L`` = ``seq_len``):
+
+- ``text`` int ``[B, L + 1]``: token ids; input position ``i`` predicts token ``i + 1``.
+- ``text_segment_ids`` int ``[B, L + 1]`` (optional): document id per token, 0 for padding.
+  A prediction counts only when its input and target share a nonzero segment, so padding
+  and the jump from one packed document to the next are skipped.
+- ``text_positions`` int ``[B, L + 1]`` (optional): position inside each document.
+- ``text_roles`` int ``[B, L + 1]`` (required when ``loss_role`` is set): the role of each
+  token (``dew.data.chat.Role``). Ids and roles shift together: the prediction of token
+  ``i + 1`` counts when ``text_roles[:, i + 1] == loss_role``.
+
+``loss`` returns ``(sum of token NLL, number of counted targets, metrics)`` following the
+protocol in ``dew.objectives.base``; ``evaluate`` returns sums that the Trainer turns into
+token loss, perplexity (``exp`` of the mean token loss) and accuracy.
+
+The token NLL is ``logsumexp(logits) - logits[target]`` in float32, which never builds a
+second ``[B, L, V]`` array of log-probabilities.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dew.objectives.base import validate_ema_decay
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-token negative log-likelihood and correctness.
+
+    Args:
+      logits: float ``[B, T, V]``.
+      targets: int ``[B, T]``.
+    Returns:
+      ``(nll [B, T] float32, correct [B, T] bool)``.
+    """
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    correct = jnp.argmax(logits, axis=-1) == targets
+    return lse - picked, correct
+
+
+class LMObjective:
+    """Next-token loss over ``text`` (see the module docstring for the batch).
+
+    Args:
+      model: a flax module with ``apply(variables, ids, segment_ids=, positions=)`` -> logits.
+      seq_len: ``L``; batches carry ``L + 1`` tokens per row.
+      pretrained: a full variables mapping ``{"params": ...}`` to start from.
+      loss_role: count only targets of this role (``None``: every real target).
+      ema_decay: ``None`` (no EMA), or a decay in ``(0, 1]`` (default 0.999, a moving EMA).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        seq_len: int,
+        pretrained: Any = None,
+        loss_role: int | None = None,
+        ema_decay: float | None = 0.999,
+    ) -> None:
+        if not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
+        if pretrained is not None and (
+            not hasattr(pretrained, "keys") or "params" not in pretrained
+        ):
+            raise ValueError(
+                "pretrained: expected a full variables mapping with a 'params' collection "
+                f"(for example state.params), got {type(pretrained).__name__}"
+            )
+        self.model = model
+        self.seq_len = seq_len
+        self.pretrained = pretrained
+        self.loss_role = None if loss_role is None else int(loss_role)
+        self.ema_decay = validate_ema_decay(ema_decay)
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        if self.pretrained is not None:
+            return dict(self.pretrained)
+        ids = jnp.zeros((1, self.seq_len), jnp.int32)
+        return dict(self.model.init(key, ids))
+
+    def _check(self, batch: dict[str, jax.Array]) -> None:
+        if "text" not in batch:
+            raise KeyError(f"batch: LMObjective needs a 'text' field, got {sorted(batch)}")
+        want = self.seq_len + 1
+        for name in ("text", "text_segment_ids", "text_positions", "text_roles"):
+            if name in batch and (batch[name].ndim != 2 or batch[name].shape[1] != want):
+                raise ValueError(
+                    f"batch[{name!r}]: expected shape [B, {want}] (seq_len + 1), "
+                    f"got {tuple(batch[name].shape)}"
+                )
+        if self.loss_role is not None and "text_roles" not in batch:
+            raise KeyError(
+                f"batch: loss_role={self.loss_role} needs a 'text_roles' field, got {sorted(batch)}"
+            )
+
+    def _token_terms(self, variables: Any, batch: dict[str, jax.Array]):
+        self._check(batch)
+        text = batch["text"].astype(jnp.int32)
+        inputs, targets = text[:, :-1], text[:, 1:]
+        seg = batch.get("text_segment_ids")
+        pos = batch.get("text_positions")
+        logits = self.model.apply(
+            variables,
+            inputs,
+            segment_ids=None if seg is None else seg[:, :-1].astype(jnp.int32),
+            positions=None if pos is None else pos[:, :-1].astype(jnp.int32),
+        )
+        nll, correct = token_nll(logits, targets)
+        mask = jnp.ones(targets.shape, bool)
+        if seg is not None:
+            mask = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+        if self.loss_role is not None:
+            mask = mask & (batch["text_roles"][:, 1:] == self.loss_role)
+        loss_sum = jnp.sum(jnp.where(mask, nll, 0.0))
+        correct_sum = jnp.sum(jnp.where(mask, correct, False).astype(jnp.float32))
+        weight = jnp.sum(mask.astype(jnp.float32))
+        return loss_sum, weight, correct_sum
+
+    def loss(
+        self,
+        variables: Any,
+        batch: dict[str, jax.Array],
+        key: jax.Array,
+        reference: Any = None,
+    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``(sum of target NLL, counted targets, {"accuracy_sum": correct targets})``."""
+        del key, reference
+        loss_sum, weight, correct = self._token_terms(variables, batch)
+        return loss_sum, weight, {"accuracy_sum": correct}
+
+    def evaluate(
+        self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Sums for validation: ``loss`` (NLL), ``correct`` and ``weight`` (targets)."""
+        del key
+        loss_sum, weight, correct = self._token_terms(variables, batch)
+        return {"loss": loss_sum, "correct": correct, "weight": weight}
+
+    @staticmethod
+    def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:
+        """Token loss, perplexity and accuracy from summed ``evaluate`` outputs."""
+        import math
+
+        weight = totals.get("weight", 0.0)
+        if weight <= 0:
+            return {
+                "loss": float("nan"),
+                "perplexity": float("nan"),
+                "accuracy": float("nan"),
+                "tokens": 0.0,
+            }
+        loss = totals["loss"] / weight
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "accuracy": totals["correct"] / weight,
+            "tokens": weight,
+        }

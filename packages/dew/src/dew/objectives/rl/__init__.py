@@ -1,0 +1,29 @@
+"""RL objectives and the rollouts that feed them (DPO, GRPO, sampled rollouts, packed sessions).
+
+Names resolve lazily so importing one objective does not import every other one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES: dict[str, str] = {
+    "DPOObjective": "dew.objectives.rl.dpo",
+    "GRPOObjective": "dew.objectives.rl.grpo",
+    "packed_log_probs": "dew.objectives.rl.grpo",
+    "SampledRollout": "dew.objectives.rl.rollout",
+    "sessions": "dew.objectives.rl.sessions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dew.objectives.rl' has no attribute {name!r}")
+    if name == module.rsplit(".", 1)[1]:
+        return importlib.import_module(module)
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = sorted(_NAMES)

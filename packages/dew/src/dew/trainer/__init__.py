@@ -1,0 +1,6 @@
+"""The Trainer, its state, checkpoints and metric trackers."""
+
+from dew.trainer.state import TrainState
+from dew.trainer.trainer import NonFiniteLossError, Trainer
+
+__all__ = ["NonFiniteLossError", "TrainState", "Trainer"]

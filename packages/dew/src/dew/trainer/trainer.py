@@ -1,0 +1,322 @@
+"""The Trainer: one compiled, donated update per step over a data-parallel mesh.
+
+``Trainer(objective, optimizer, key=..., rollout=None)`` then ``fit(data, steps=N, ...)``.
+See ``dew.trainer.step`` for the update, ``dew.trainer.checkpoint`` for the checkpoint format
+and ``dew.trainer.mesh`` for the shardings.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from dew.data.dataset import Dataset, Partition
+from dew.objectives.base import Objective, validate_ema_decay
+from dew.trainer import checkpoint as ckpt
+from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
+from dew.trainer.progress import Progress
+from dew.trainer.state import TrainState
+from dew.trainer.step import make_init, make_step
+from dew.trainer.tracker import JsonlTracker, TensorBoardTracker, Tracker
+
+Rollout = Callable[[Any, dict[str, Any], jax.Array], Mapping[str, Any]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss of a step was NaN or infinite; the run stopped without saving it."""
+
+
+def _find_learning_rate(opt_state: Any) -> Any:
+    """The ``learning_rate`` of an ``optax.inject_hyperparams`` state, if there is one."""
+    stack = [opt_state]
+    while stack:
+        node = stack.pop()
+        hyper = getattr(node, "hyperparams", None)
+        if isinstance(hyper, Mapping) and "learning_rate" in hyper:
+            return hyper["learning_rate"]
+        if isinstance(node, tuple | list):
+            stack.extend(node)
+    return None
+
+
+def _count_tokens(batch: Mapping[str, Any]) -> int:
+    for name in ("text", "input_ids", "tokens"):
+        if name in batch:
+            return int(np.size(batch[name]))
+    first = next(iter(batch.values()))
+    return int(np.shape(first)[0]) if np.ndim(first) else 1
+
+
+class Trainer:
+    """Runs an objective's updates.
+
+    Args:
+      objective: an ``dew.objectives.Objective``.
+      optimizer: an ``optax.GradientTransformation`` applied to ``variables["params"]``.
+      key: a PRNG key; split into the initialisation key, the step keys and rollout keys.
+      rollout: optional host function ``(variables, batch, key) -> batch`` called before each
+        compiled update with the current variables (valid until that update donates them).
+      microbatches: split each step's batch into this many microbatches (gradient
+        accumulation normalised by the step's total weight).
+      fsdp: shard parameters and optimizer state over the devices instead of replicating them.
+      devices: the devices of the mesh (default: all devices of all processes).
+      checkpoint_every: save every this many steps when ``fit`` has a ``run_dir`` (the last
+        step is always saved).
+      keep_checkpoints: how many checkpoints to keep.
+      tensorboard: also write scalars with tensorboardX under ``run_dir/tensorboard``.
+      learning_rate: a float or schedule, only for logging when the optimizer does not expose
+        one through ``optax.inject_hyperparams``.
+      progress: draw a progress bar (``None``: only when stderr is a terminal).
+    """
+
+    def __init__(
+        self,
+        objective: Objective,
+        optimizer: optax.GradientTransformation,
+        *,
+        key: jax.Array,
+        rollout: Rollout | None = None,
+        microbatches: int = 1,
+        fsdp: bool = False,
+        devices: list[jax.Device] | None = None,
+        checkpoint_every: int | None = None,
+        keep_checkpoints: int = 3,
+        tensorboard: bool = False,
+        learning_rate: float | Callable[[int], Any] | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        if not hasattr(objective, "init") or not hasattr(objective, "loss"):
+            raise TypeError(
+                f"objective: expected init() and loss(), got {type(objective).__name__}"
+            )
+        validate_ema_decay(getattr(objective, "ema_decay", None), field="objective.ema_decay")
+        if not isinstance(microbatches, int) or microbatches < 1:
+            raise ValueError(f"microbatches: expected an integer >= 1, got {microbatches!r}")
+        if checkpoint_every is not None and checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every: expected None or >= 1, got {checkpoint_every!r}")
+        self.objective = objective
+        self.optimizer = optimizer
+        self.rollout = rollout
+        self.microbatches = microbatches
+        self.fsdp = fsdp
+        self.checkpoint_every = checkpoint_every
+        self.keep_checkpoints = keep_checkpoints
+        self.tensorboard = tensorboard
+        self.learning_rate = learning_rate
+        self.progress = progress
+        self.mesh = data_mesh(devices)
+        if isinstance(key, jax.Array) and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+            key = jax.random.wrap_key_data(key)
+        self._init_key, self._rng, self._rollout_key = jax.random.split(key, 3)
+        self._init_fn = make_init(objective, optimizer)
+        self._step_fn = make_step(objective, optimizer, microbatches)
+        self._abstract: TrainState | None = None
+        self._shardings: Any = None
+        self._compiled_step: Any = None
+        self._compiled_eval: Any = None
+
+    # ----------------------------------------------------------------------------- state
+    def _variables(self) -> Any:
+        if getattr(self.objective, "pretrained", None) is not None:
+            return self.objective.init(self._init_key)
+        return jax.jit(self.objective.init)(self._init_key)
+
+    def _ensure_shardings(self, variables: Any) -> None:
+        if self._shardings is None:
+            self._abstract = jax.eval_shape(self._init_fn, variables, self._rng)
+            self._shardings = state_shardings(self._abstract, self.mesh, self.fsdp)
+
+    def initial_state(self) -> TrainState:
+        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG."""
+        variables = self._variables()
+        self._ensure_shardings(variables)
+        init = jax.jit(self._init_fn, out_shardings=self._shardings)
+        return init(variables, self._rng)
+
+    def _step(self) -> Any:
+        if self._compiled_step is None:
+            self._compiled_step = jax.jit(
+                self._step_fn,
+                out_shardings=(self._shardings, replicated(self.mesh)),
+                donate_argnums=(0,),
+            )
+        return self._compiled_step
+
+    # ----------------------------------------------------------------------------- eval
+    def evaluate(
+        self, variables: Any, data: Dataset, key: jax.Array | None = None
+    ) -> dict[str, float]:
+        """Validation metrics over every batch of ``data.val`` (empty if there is none)."""
+        fn = getattr(self.objective, "evaluate", None)
+        partition = Partition(jax.process_index(), jax.process_count())
+        batches = data.validation(partition)
+        if fn is None or batches is None:
+            return {}
+        if self._compiled_eval is None:
+            self._compiled_eval = jax.jit(fn, out_shardings=replicated(self.mesh))
+        key = self._rollout_key if key is None else key
+        totals: dict[str, float] = {}
+        for i, local in enumerate(batches):
+            batch = global_batch(local, self.mesh)
+            out = jax.device_get(self._compiled_eval(variables, batch, jax.random.fold_in(key, i)))
+            for name, value in out.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+        summarize = getattr(self.objective, "summarize_evaluation", None)
+        if summarize is not None:
+            return dict(summarize(totals))
+        weight = totals.pop("weight", 0.0)
+        return {k: (v / weight if weight else float("nan")) for k, v in totals.items()}
+
+    # ----------------------------------------------------------------------------- fit
+    def fit(
+        self,
+        data: Dataset,
+        steps: int,
+        *,
+        log_every: int | None = None,
+        eval_every: int | None = None,
+        run_dir: str | os.PathLike[str] | None = None,
+        state: TrainState | None = None,
+    ) -> TrainState:
+        """Train until ``state.step == steps`` and return the final state.
+
+        With ``run_dir``: resume from its newest valid checkpoint when it has one, write
+        ``metrics.jsonl`` every ``log_every`` steps, and checkpoints every
+        ``checkpoint_every`` steps and at the end. ``state`` starts from a given state
+        instead of ``initial_state()`` (a checkpoint in ``run_dir`` wins).
+
+        Raises ``NonFiniteLossError`` naming the step whose loss was not finite; that step
+        is not saved, so the newest checkpoint stays the last good one.
+        """
+        if not isinstance(data, Dataset):
+            raise TypeError(f"data: expected a dew.data.Dataset, got {type(data).__name__}")
+        steps = int(steps)
+        lead = jax.process_index() == 0
+        partition = Partition(jax.process_index(), jax.process_count())
+        position = 0
+        if state is None:
+            state = self.initial_state()
+        else:
+            self._ensure_shardings(state.params)
+        if run_dir is not None:
+            run_dir = os.fspath(run_dir)
+            n_leaves = len(jax.tree_util.tree_leaves(state))
+            restored = ckpt.latest(run_dir, expected_leaves=n_leaves)
+            if restored is not None:
+                state = ckpt.restore_into(state, self._shardings, restored)
+                position = restored.position
+        trackers: list[Tracker] = []
+        if run_dir is not None and lead:
+            trackers.append(JsonlTracker(os.path.join(run_dir, "metrics.jsonl")))
+            if self.tensorboard:
+                trackers.append(TensorBoardTracker(os.path.join(run_dir, "tensorboard")))
+        start = int(jax.device_get(state.step))
+        stream = data.stream(partition, start=position) if start < steps else iter(())
+        step_fn = self._step()
+        progress = Progress(steps, start, enabled=self.progress if lead else False)
+        pending: tuple[int, Any] | None = None
+        tokens = 0
+        t_last = time.perf_counter()
+        last_saved = start if run_dir is not None and position else None
+
+        def check(entry: tuple[int, Any]) -> dict[str, float]:
+            number, metrics = entry
+            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            if not math.isfinite(host["loss"]):
+                raise NonFiniteLossError(
+                    f"step {number}: the loss is {host['loss']} (not finite); stopped without "
+                    "saving this step"
+                )
+            return host
+
+        def save(number: int) -> None:
+            nonlocal last_saved
+            if run_dir is None or last_saved == number:
+                return
+            ckpt.save(
+                run_dir,
+                state,
+                step=number,
+                position=position,
+                keep=self.keep_checkpoints,
+                write=lead,
+                extra={"updates": int(jax.device_get(state.updates))},
+            )
+            if jax.process_count() > 1:
+                multihost_utils.sync_global_devices(f"dew-checkpoint-{number}")
+            last_saved = number
+
+        try:
+            for number in range(start + 1, steps + 1):
+                try:
+                    local = next(stream)
+                except StopIteration:
+                    raise ValueError(
+                        f"data: the training stream ended after {position} batches, before "
+                        f"step {number} of {steps}"
+                    ) from None
+                position += 1
+                local = dict(local)
+                if self.rollout is not None:
+                    key = jax.random.fold_in(self._rollout_key, number)
+                    local = dict(self.rollout(state.params, local, key))
+                tokens += _count_tokens(local) * jax.process_count()
+                state, metrics = step_fn(state, global_batch(local, self.mesh))
+                if pending is not None:
+                    check(pending)
+                pending = (number, metrics)
+                log_now = log_every is not None and number % log_every == 0
+                ckpt_now = self.checkpoint_every is not None and number % self.checkpoint_every == 0
+                eval_now = eval_every is not None and number % eval_every == 0
+                if log_now or ckpt_now or eval_now or number == steps or progress.enabled:
+                    host = check(pending)
+                    pending = None
+                    progress.update(number, host["loss"])
+                    record: dict[str, Any] = {"step": number}
+                    if log_now or number == steps:
+                        now = time.perf_counter()
+                        record.update(host)
+                        record["tokens_per_s"] = tokens / max(now - t_last, 1e-9)
+                        tokens, t_last = 0, now
+                        lr = self._learning_rate(state, number)
+                        if lr is not None:
+                            record["learning_rate"] = lr
+                    if eval_now:
+                        for name, value in self.evaluate(state.params, data).items():
+                            record[f"val/{name}"] = value
+                    if len(record) > 1 and (log_now or eval_now or number == steps):
+                        for tracker in trackers:
+                            tracker.write(record)
+                    if ckpt_now or number == steps:
+                        save(number)
+            if pending is not None:
+                check(pending)
+        finally:
+            progress.close()
+            for tracker in trackers:
+                tracker.close()
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        return state
+
+    def _learning_rate(self, state: TrainState, number: int) -> float | None:
+        lr = _find_learning_rate(state.opt_state)
+        if lr is None and self.learning_rate is not None:
+            lr = (
+                self.learning_rate(number - 1)
+                if callable(self.learning_rate)
+                else self.learning_rate
+            )
+        return None if lr is None else float(jax.device_get(lr))
+
+
+__all__ = ["NonFiniteLossError", "TrainState", "Trainer"]

@@ -1,0 +1,100 @@
+"""A training process for the multi-process and SIGKILL tests (run as a script).
+
+usage: _train_worker.py OUT_NPZ STEPS [--run-dir DIR] [--checkpoint-every N]
+                        [--process-id I --processes P --port PORT --devices D] [--sleep S]
+
+Trains a tiny decoder with LMObjective on deterministic batches (global batch 8, each process
+reading its own rows) and writes the final train state leaves to OUT_NPZ from process 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("steps", type=int)
+    p.add_argument("--run-dir")
+    p.add_argument("--checkpoint-every", type=int)
+    p.add_argument("--process-id", type=int, default=0)
+    p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--devices", type=int, default=4)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--microbatches", type=int, default=1)
+    args = p.parse_args()
+
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", args.devices)
+    if args.processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            coordinator_address=f"127.0.0.1:{args.port}",
+            num_processes=args.processes,
+            process_id=args.process_id,
+        )
+    import numpy as np
+    import optax
+
+    from dew import models
+    from dew.data import Dataset
+    from dew.objectives.lm import LMObjective
+    from dew.trainer import Trainer
+
+    seq, vocab, rows = 8, 32, 8
+
+    def global_batch(i: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(1000 + i)
+        text = rng.integers(1, vocab, size=(rows, seq + 1)).astype(np.int32)
+        seg = np.ones((rows, seq + 1), np.int32)
+        seg[:, rng.integers(3, seq) :] = 2
+        seg[: rows // 2, -2:] = 0
+        pos = np.zeros_like(seg)
+        for r in range(rows):
+            for s in (1, 2):
+                pos[r, seg[r] == s] = np.arange(int((seg[r] == s).sum()))
+        return {"text": text, "text_segment_ids": seg, "text_positions": pos}
+
+    def train(partition, start=0):
+        local = rows // partition.count
+        i = start
+        while True:
+            b = global_batch(i)
+            if args.sleep:
+                time.sleep(args.sleep)
+            yield {k: v[partition.index * local : (partition.index + 1) * local] for k, v in b.items()}
+            i += 1
+
+    model = models.build(
+        "causal_transformer", vocab_size=vocab, emb_features=16, num_layers=1, num_heads=2,
+        mlp_features=32, max_seq_len=seq + 1,
+    )  # fmt: skip
+    objective = LMObjective(model, seq, ema_decay=0.9)
+    trainer = Trainer(
+        objective,
+        optax.adamw(1e-2),
+        key=jax.random.key(11),
+        checkpoint_every=args.checkpoint_every,
+        microbatches=args.microbatches,
+    )
+    state = trainer.fit(Dataset(train=train, batch=rows), steps=args.steps, run_dir=args.run_dir,
+                        log_every=1)  # fmt: skip
+    from dew.trainer.checkpoint import to_host
+
+    leaves = [to_host(x) for x in jax.tree.leaves(state)]
+    if jax.process_index() == 0:
+        np.savez(args.out, *leaves)
+    print("done", int(state.step), flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

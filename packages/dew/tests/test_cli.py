@@ -1,0 +1,86 @@
+"""The ``dew`` console script: help, LM training with resume, SFT on conversations."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _chat_tokenizer import CONVERSATIONS, build_tokenizer
+
+from dew.cli import build_parser, main
+from dew.data import write_tokens
+
+TINY = ["--model", "qwen3", "--emb-features", "16", "--layers", "1", "--heads", "2",
+        "--mlp-features", "32", "--batch", "4", "--log-every", "1", "--lr", "1e-2"]  # fmt: skip
+
+
+def dew_script() -> list[str]:
+    exe = shutil.which("dew", path=os.path.dirname(sys.executable))
+    assert exe is not None, "the dew console script is not installed next to the interpreter"
+    return [exe]
+
+
+def run(args, **kw):
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run(dew_script() + args, capture_output=True, text=True, env=env,
+                          timeout=300, **kw)  # fmt: skip
+    return proc
+
+
+def test_help_is_complete():
+    out = run(["train", "lm", "--help"])
+    assert out.returncode == 0
+    parser = build_parser()
+    lm = parser._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices["lm"]
+    for action in lm._actions:
+        for flag in action.option_strings:
+            assert flag in out.stdout
+        assert action.help, f"{action.option_strings} has no help"
+    top = run(["--help"])
+    assert top.returncode == 0 and "train" in top.stdout
+    sft = run(["train", "sft", "--help"])
+    assert "--tokenizer" in sft.stdout and "--data" in sft.stdout
+
+
+def test_train_lm_resumes(tmp_path):
+    rng = np.random.default_rng(0)
+    tokens = write_tokens(tmp_path / "tokens.bin", rng.integers(0, 50, size=4000))
+    run_dir = tmp_path / "run"
+    base = ["train", "lm", "--tokens", tokens, "--run-dir", str(run_dir), "--seq-len", "16",
+            "--eos-id", "0", "--checkpoint-every", "2", *TINY]  # fmt: skip
+    first = run([*base, "--steps", "3"])
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "trained to step 3" in first.stdout
+    second = run([*base, "--steps", "5"])
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "trained to step 5 (5 updates)" in second.stdout
+    steps = [json.loads(x)["step"] for x in open(run_dir / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4, 5]
+    records = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
+    assert all("learning_rate" in r and r["learning_rate"] == pytest.approx(1e-2) for r in records)
+    other = run([*base[:-2], "--steps", "6", "--layers", "2"])
+    assert other.returncode != 0 and "other settings" in other.stderr
+
+
+def test_train_sft(tmp_path, capsys):
+    tok = build_tokenizer(str(tmp_path / "tok"))
+    data = tmp_path / "chat.jsonl"
+    data.write_text("\n".join(json.dumps(c) for c in CONVERSATIONS * 2) + "\n")
+    run_dir = tmp_path / "run"
+    code = main(["train", "sft", "--data", str(data), "--tokenizer", tok, "--run-dir",
+                 str(run_dir), "--seq-len", "191", "--steps", "3", "--val-data", str(data),
+                 "--eval-every", "3", *TINY])  # fmt: skip
+    assert code == 0
+    assert "trained to step 3" in capsys.readouterr().out
+    last = [json.loads(x) for x in open(run_dir / "metrics.jsonl")][-1]
+    assert last["step"] == 3 and np.isfinite(last["val/perplexity"])
+    config = json.load(open(run_dir / "config.json"))
+    from dew.data.chat.template import ChatTokenizer
+
+    vocab = ChatTokenizer.load(tok).tokenizer.get_vocab_size()
+    assert config["vocab_size"] == vocab and config["kind"] == "sft"
