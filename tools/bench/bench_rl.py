@@ -2,21 +2,26 @@
 
 The step: token log ratio, dual-clipped surrogate (eps 0.2 / 0.28, dual clip 3.0), k3 KL to a
 reference policy with coefficient 0.04, token-mean reduction; forward and backward to the
-policy log-probabilities, float32 [B, T] inputs. Three implementations run on the same inputs:
+policy log-probabilities, float32 [B, T] inputs. Implementations, on the same inputs:
 
 - ``dew.rl``: the composition of dew.rl functions, ``jax.jit(jax.value_and_grad(...))``;
-- ``fused``: the same loss written as one expression with its derivative by hand, to show how
-  close to the memory floor a single jitted pass gets (not the library's code path);
-- ``verl``: verl's compute_policy_loss_vanilla + kl_penalty(k3) + agg_loss with autograd, eager
-  torch, in the reference venv (tools/reference_env.sh) as a subprocess.
+- ``fused``: the same loss and its derivative written by hand as two elementwise passes
+  (see :func:`fused_value_and_grad`), to show what one jitted step can reach; it is not the
+  library's code path;
+- ``verl``: verl's compute_policy_loss_vanilla + kl_penalty(k3) + agg_loss with autograd, in
+  eager torch, in a worker process under the reference venv (tools/reference_env.sh).
 
-Each reports the median of several runs; the ratios verl / jax are printed. The same run
-measures the bandwidth of a large array copy (read + write bytes per second) and prints the
-fraction of the memory floor achieved: the bytes a step must move (read four float32 inputs
-and the bool mask, write the float32 gradient) divided by that bandwidth, over the step time.
-A fraction above 1 means the working set sat in cache (the copy is sized to miss it).
+The runs are interleaved in rounds (verl, the copy, each jax implementation, again) so that
+load from other processes on the machine falls on all of them alike; the median and the
+minimum over all runs are printed, and the ratios verl / jax use the medians. The same rounds
+measure the bandwidth of a large array copy (read + write bytes per second); the memory floor
+of a step is the bytes it must move (read four float32 inputs and the bool mask, write the
+float32 gradient: 21 bytes a token) over that bandwidth, and "floor fraction" is that floor
+over the measured time (1.0 would be at the floor; above 1 means the working set sat in a
+cache, which the copy is sized to miss).
 
-Usage: .venv/bin/python tools/bench/bench_rl.py [--repeats 30] [--sizes 32x512,256x2048]
+Usage: .venv/bin/python tools/bench/bench_rl.py [--rounds 5] [--repeats 20]
+       [--sizes 32x512,256x2048] [--torch-threads N]
 """
 
 from __future__ import annotations
@@ -26,11 +31,11 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -38,9 +43,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIP_LOW, CLIP_HIGH, CLIP_C, KL_COEF = 0.2, 0.28, 3.0, 0.04
-# bytes per token the step cannot avoid: log_prob, old, ref, advantages (f32) + mask (bool)
-# read, gradient (f32) written.
-BYTES_PER_TOKEN = 4 * 4 + 1 + 4
+BYTES_PER_TOKEN = 4 * 4 + 1 + 4  # read lp, old, ref, adv (f32) and mask (bool); write grad
+ARG_ORDER = ("log_prob", "old_log_prob", "ref_log_prob", "advantages", "response_mask")
 
 
 def make_inputs(b: int, t: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -61,8 +65,8 @@ def make_inputs(b: int, t: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def dew_loss(lp, old, ref, adv, mask):  # type: ignore[no-untyped-def]
-    """The naive composition of dew.rl functions."""
+def dew_loss(lp: jax.Array, old: jax.Array, ref: jax.Array, adv: jax.Array, mask: jax.Array):
+    """The GRPO-style loss as a plain composition of dew.rl functions."""
     from dew import rl
 
     pg, _ = rl.clipped_surrogate(
@@ -71,24 +75,21 @@ def dew_loss(lp, old, ref, adv, mask):  # type: ignore[no-untyped-def]
     return pg + KL_COEF * rl.token_mean(rl.k3_kl(lp, ref), mask)
 
 
-def fused_value_and_grad(lp, old, ref, adv, mask):  # type: ignore[no-untyped-def]
-    """The same loss and its gradient as one elementwise expression and two masked sums.
+def _terms_and_grad(lp, old, ref, adv, mask, inv_n):  # type: ignore[no-untyped-def]
+    """Per-token loss terms and d(loss)/d(lp), following verl's branches and clamps.
 
-    Follows verl's branches: the ratio's derivative is zero where the log ratio is clamped;
-    the clipped term carries a gradient only inside its band; the dual-clip constant carries
-    none; k3's derivative is zero where either of its clamps is active.
+    The ratio's derivative is zero where the log ratio is clamped at +-20; the clipped branch
+    carries a gradient only strictly inside its band; the dual-clip constant carries none;
+    k3's derivative is zero where either of its clamps binds.
     """
-    n = jnp.sum(mask, dtype=jnp.float32)
     d = lp - old
-    dc = jnp.clip(d, -20.0, 20.0)
-    r = jnp.exp(dc)
+    r = jnp.exp(jnp.clip(d, -20.0, 20.0))
     dr = jnp.where((d > -20.0) & (d < 20.0), r, 0.0)
     l1 = -adv * r
-    rc = jnp.clip(r, 1.0 - CLIP_LOW, 1.0 + CLIP_HIGH)
-    l2 = -adv * rc
-    use2 = l2 > l1
+    l2 = -adv * jnp.clip(r, 1.0 - CLIP_LOW, 1.0 + CLIP_HIGH)
     m = jnp.maximum(l1, l2)
-    g_m = jnp.where(use2, jnp.where((r > 1.0 - CLIP_LOW) & (r < 1.0 + CLIP_HIGH), -adv, 0.0), -adv)
+    in_band = (r > 1.0 - CLIP_LOW) & (r < 1.0 + CLIP_HIGH)
+    g_m = jnp.where(l2 > l1, jnp.where(in_band, -adv, 0.0), -adv)
     l3 = -adv * CLIP_C
     dual = (adv < 0) & (m > l3)
     pg = jnp.where(dual, l3, m)
@@ -97,106 +98,153 @@ def fused_value_and_grad(lp, old, ref, adv, mask):  # type: ignore[no-untyped-de
     klc = jnp.clip(kl, -20.0, 20.0)
     e = jnp.exp(klc)
     k = e - klc - 1.0
-    kout = jnp.clip(k, -10.0, 10.0)
     g_k = jnp.where((k < 10.0) & (kl > -20.0) & (kl < 20.0), 1.0 - e, 0.0)
-    inv_n = 1.0 / n
-    loss = jnp.sum(jnp.where(mask, pg + KL_COEF * kout, 0.0)) * inv_n
+    terms = jnp.where(mask, pg + KL_COEF * jnp.clip(k, -10.0, 10.0), 0.0)
     grad = jnp.where(mask, (g_pg + KL_COEF * g_k) * inv_n, 0.0)
-    return loss, grad
+    return terms, grad
 
 
-def time_jax(fn: Callable, args: tuple, repeats: int) -> tuple[float, list[float], tuple]:
-    """Median seconds of a compiled call, after compiling and warming it up."""
-    out = jax.block_until_ready(fn(*args))
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
+def fused_value_and_grad(lp, old, ref, adv, mask):  # type: ignore[no-untyped-def]
+    """Loss and gradient in two passes over the inputs, no [B, T] intermediate kept.
+
+    XLA on CPU neither fuses a reduction with the elementwise work that feeds it nor
+    recomputes an exponential for two consumers, so jax.value_and_grad of the composition
+    writes the exponentials and the masked terms out and reads them back. Here the loss pass
+    and the gradient pass each recompute everything from the inputs; the optimization
+    barrier keeps XLA from merging the two passes' exponentials into one stored array.
+    """
+    inv_n = 1.0 / jnp.sum(mask, dtype=jnp.float32)
+    terms, _ = _terms_and_grad(lp, old, ref, adv, mask, inv_n)
+    again = jax.lax.optimization_barrier((lp, old, ref, adv, mask))
+    _, grad = _terms_and_grad(*again, inv_n)
+    return jnp.sum(terms) * inv_n, grad
+
+
+def copy_seconds(src: np.ndarray, dst: np.ndarray, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def time_calls(fn: Callable, args: tuple, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
-    return statistics.median(times), times, out
+    return times
 
 
-def copy_bandwidth(repeats: int, nbytes: int = 256 * 2**20) -> float:
-    """Bytes per second of a large float32 array copy, counting the read and the write."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)
-    times = []
-    for _ in range(max(5, repeats // 3)):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return 2 * nbytes / statistics.median(times)
+class VerlWorker:
+    """verl_grpo_step.py in the reference venv, spoken to over JSON lines."""
 
-
-def run_verl(inputs: dict[str, np.ndarray], repeats: int) -> dict:
-    """verl's eager step in the reference venv, on the same arrays."""
-    python = subprocess.run(
-        ["bash", str(ROOT / "tools" / "reference_env.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout.splitlines()[-1]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "inputs.npz")
-        np.savez(
-            path,
-            **inputs,
-            clip_low=np.float64(CLIP_LOW),
-            clip_high=np.float64(CLIP_HIGH),
-            clip_c=np.float64(CLIP_C),
-        )
-        done = subprocess.run(
-            [python, str(Path(__file__).with_name("verl_grpo_step.py")), path, str(repeats),
-             str(KL_COEF)],
+    def __init__(self, threads: int) -> None:
+        python = subprocess.run(
+            ["bash", str(ROOT / "tools" / "reference_env.sh")],
             check=True,
             capture_output=True,
             text=True,
-        )  # fmt: skip
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        ).stdout.splitlines()[-1]
+        script = str(Path(__file__).with_name("verl_grpo_step.py"))
+        self.proc = subprocess.Popen(
+            [python, script, str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.info = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"verl worker exited with {self.proc.wait()}")
+        return json.loads(line)
+
+    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20, help="runs per round")
     parser.add_argument("--sizes", default="32x512,256x2048")
-    parser.add_argument("--no-dew", action="store_true", help="skip the dew.rl composition")
+    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     args = parser.parse_args()
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
-    bandwidth = copy_bandwidth(args.repeats)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs")
-    print(f"large-array copy bandwidth: {bandwidth / 1e9:.2f} GB/s (read + write)")
-    dew_step = jax.jit(jax.value_and_grad(dew_loss))
-    fused_step = jax.jit(fused_value_and_grad)
-    rows = []
-    for b, t in sizes:
-        inputs = make_inputs(b, t)
-        args_j = tuple(
-            jax.device_put(inputs[k])
-            for k in ("log_prob", "old_log_prob", "ref_log_prob", "advantages", "response_mask")
-        )
-        verl = run_verl(inputs, args.repeats)
-        floor = b * t * BYTES_PER_TOKEN / bandwidth
-        results = {"verl": (verl["median_s"], verl["loss"], verl["grad_abs_sum"])}
-        impls = [("fused", fused_step)] if args.no_dew else [("dew.rl", dew_step), ("fused", fused_step)]
-        for name, fn in impls:
-            med, _, (loss, grad) = time_jax(fn, args_j, args.repeats)
-            results[name] = (med, float(loss), float(jnp.abs(grad).sum()))
-        print(f"\n[{b}, {t}] float32, {b * t} tokens, floor {floor * 1e6:.0f} us "
-              f"({b * t * BYTES_PER_TOKEN / 2**20:.1f} MiB moved); verl torch threads "
-              f"{verl['threads']}")  # fmt: skip
-        for name, (med, loss, gsum) in results.items():
-            ratio = results["verl"][0] / med
-            print(
-                f"  {name:7s} median {med * 1e3:9.3f} ms  verl/this {ratio:7.1f}x  "
-                f"floor fraction {floor / med:6.3f}  loss {loss:.7f}  |grad|_1 {gsum:.6f}"
-            )
-        rows.append({"shape": [b, t], **{k: v[0] for k, v in results.items()}})
-    print("\n" + json.dumps({"bandwidth_Bps": bandwidth, "rows": rows}))
-    sys.stdout.flush()
+    src = np.ones(64 * 2**20, dtype=np.float32)  # 256 MiB: far past any cache here
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    impls: dict[str, Callable] = {
+        "dew.rl": jax.jit(jax.value_and_grad(dew_loss)),
+        "fused": jax.jit(fused_value_and_grad),
+    }
+    worker = VerlWorker(args.torch_threads)
+    print(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; "
+        f"verl worker torch {worker.info['torch']} with {worker.info['threads']} threads; "
+        f"{args.rounds} rounds x {args.repeats} runs, interleaved"
+    )
+    summary: list[dict[str, Any]] = []
+    copy_times: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for b, t in sizes:
+                inputs = make_inputs(b, t)
+                path = os.path.join(tmp, f"inputs_{b}x{t}.npz")
+                np.savez(path, **inputs, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
+                         clip_c=CLIP_C, kl_coef=KL_COEF)  # fmt: skip
+                checks = {"verl": worker.ask({"load": path})}
+                jargs = tuple(jax.device_put(inputs[k]) for k in ARG_ORDER)
+                for name, fn in impls.items():
+                    loss, grad = jax.block_until_ready(fn(*jargs))  # compile and warm up
+                    fn(*jargs)
+                    checks[name] = {
+                        "loss": float(loss),
+                        "grad_abs_sum": float(jnp.sum(jnp.abs(grad))),
+                    }
+                times: dict[str, list[float]] = {name: [] for name in ("verl", *impls)}
+                for _ in range(args.rounds):
+                    times["verl"] += worker.ask({"time": args.repeats})["times_s"]
+                    copy_times += copy_seconds(src, dst, max(3, args.repeats // 5))
+                    for name, fn in impls.items():
+                        times[name] += time_calls(fn, jargs, args.repeats)
+                bandwidth = 2 * src.nbytes / statistics.median(copy_times)
+                floor = b * t * BYTES_PER_TOKEN / bandwidth
+                print(
+                    f"\n[{b}, {t}] float32, {b * t} tokens, {b * t * BYTES_PER_TOKEN / 2**20:.1f}"
+                    f" MiB to move; copy bandwidth {bandwidth / 1e9:.1f} GB/s -> floor "
+                    f"{floor * 1e6:.0f} us"
+                )
+                verl_median = statistics.median(times["verl"])
+                row: dict[str, Any] = {"shape": [b, t], "floor_s": floor}
+                for name, ts in times.items():
+                    med, best = statistics.median(ts), min(ts)
+                    print(
+                        f"  {name:7s} median {med * 1e3:8.3f} ms (min {best * 1e3:8.3f})  "
+                        f"verl/this {verl_median / med:6.1f}x  floor fraction {floor / med:5.3f}"
+                        f"  loss {checks[name]['loss']:+.7f}  |grad|_1 "
+                        f"{checks[name]['grad_abs_sum']:.6f}"
+                    )
+                    row[name] = {"median_s": med, "min_s": best}
+                summary.append(row)
+    finally:
+        worker.close()
+    print("\n" + json.dumps({"rows": summary}))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,26 @@
-"""Time verl 0.9.1's eager GRPO-style loss step; run by bench_rl.py inside the reference venv.
+"""verl 0.9.1's eager GRPO-style loss step as a timing worker; bench_rl.py drives it.
 
-Reads the inputs bench_rl.py wrote (an npz with log_prob, old_log_prob, ref_log_prob, advantages,
-response_mask, all [B, T]), runs verl's compute_policy_loss_vanilla (dual clip, token-mean) plus
-kl_coef * agg_loss(kl_penalty(k3), token-mean), and backward to log_prob. Prints one JSON line:
-the median and all step times in seconds, the loss, a checksum of the gradient, and the torch
-thread count.
+Runs inside the reference venv (tools/reference_env.sh). The step: verl's
+compute_policy_loss_vanilla (dual clip, token-mean) plus
+kl_coef * agg_loss(kl_penalty(log_prob, ref, "k3"), token-mean), backward to log_prob.
 
-Usage: <reference python> tools/bench/verl_grpo_step.py INPUTS.npz REPEATS KL_COEF
+Protocol, one JSON object per line on stdin, one reply per line on stdout:
+
+- ``{"load": PATH}``: read the npz bench_rl.py wrote (log_prob, old_log_prob, ref_log_prob,
+  advantages, response_mask [B, T]; clip_low, clip_high, clip_c, kl_coef), warm up, reply
+  ``{"loss": ..., "grad_abs_sum": ...}``;
+- ``{"time": N}``: run N steps, reply ``{"times_s": [...]}``;
+- ``{"quit": true}``: exit.
+
+The first reply line is ``{"torch": version, "threads": n}``.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -22,8 +28,8 @@ import verl.trainer.ppo.core_algos as core_algos
 from verl.workers.config import ActorConfig
 
 
-def main() -> None:
-    path, repeats, kl_coef = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+def make_step(path: str) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+    """The step closure over the tensors in ``path`` and the leaf whose gradient it fills."""
     data = np.load(path)
     config = ActorConfig(
         strategy="fsdp",
@@ -34,6 +40,7 @@ def main() -> None:
         clip_ratio_high=float(data["clip_high"]),
         clip_ratio_c=float(data["clip_c"]),
     )
+    kl_coef = float(data["kl_coef"])
     old = torch.from_numpy(data["old_log_prob"])
     ref = torch.from_numpy(data["ref_log_prob"])
     adv = torch.from_numpy(data["advantages"])
@@ -50,26 +57,36 @@ def main() -> None:
         loss.backward()
         return loss
 
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        loss = step()
-        times.append(time.perf_counter() - start)
-    grad = log_prob.grad.numpy()
-    print(
-        json.dumps(
-            {
-                "median_s": statistics.median(times),
-                "times_s": times,
-                "loss": float(loss),
-                "grad_abs_sum": float(np.abs(grad).sum()),
-                "torch": torch.__version__,
-                "threads": torch.get_num_threads(),
-            }
-        )
-    )
+    return step, log_prob
+
+
+def reply(obj: dict) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and int(sys.argv[1]) > 0:
+        torch.set_num_threads(int(sys.argv[1]))
+    reply({"torch": torch.__version__, "threads": torch.get_num_threads()})
+    step = leaf = None
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if "load" in cmd:
+            step, leaf = make_step(cmd["load"])
+            for _ in range(3):
+                loss = step()
+            reply({"loss": float(loss), "grad_abs_sum": float(leaf.grad.abs().sum())})
+        elif "time" in cmd:
+            assert step is not None, "time before load"
+            times = []
+            for _ in range(int(cmd["time"])):
+                start = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - start)
+            reply({"times_s": times})
+        else:
+            return
 
 
 if __name__ == "__main__":

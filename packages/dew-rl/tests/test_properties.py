@@ -153,13 +153,13 @@ def test_rloo_is_scaled_centred_reward(group, prompts, data) -> None:
     np.testing.assert_allclose(got, (group / (group - 1) * centred).reshape(-1), atol=1e-12)
 
 
-WIDTH = 8
+WIDTH = 9  # room for three chains of three
 chains_per_row = st.lists(st.integers(1, 3), min_size=1, max_size=3)
 
 
 @st.composite
 def packed_batches(draw):
-    """Two packed rows of width 8 and the same chains laid out one per row."""
+    """Two packed rows of width 9 and the same chains laid out one per row."""
     rows = draw(st.lists(chains_per_row, min_size=2, max_size=2))
     global_ids = draw(st.booleans())
     segments = np.zeros((2, WIDTH), np.int32)

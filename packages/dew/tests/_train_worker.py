@@ -70,7 +70,9 @@ def main() -> None:
             b = global_batch(i)
             if args.sleep:
                 time.sleep(args.sleep)
-            yield {k: v[partition.index * local : (partition.index + 1) * local] for k, v in b.items()}
+            yield {
+                k: v[partition.index * local : (partition.index + 1) * local] for k, v in b.items()
+            }
             i += 1
 
     model = models.build(

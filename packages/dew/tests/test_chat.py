@@ -72,8 +72,7 @@ def test_tools_and_tool_calls_pass_through(tok):
     assert '"name": "get_weather"' in text and '"description": "Weather of a city"' in text
     assistant = spans(ids, roles, tok, Role.ASSISTANT)
     assert assistant[0] == (
-        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
-        "<|im_end|>\n"
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call><|im_end|>\n'
     )
     assert spans(ids, roles, tok, Role.TOOL) == ["<|im_start|>tool\nsunny<|im_end|>\n"]
 
@@ -126,9 +125,13 @@ def test_parquet_verl_layout_matches_jsonl(tok_dir, tmp_path):
     pq.write_table(pa.Table.from_pylist([{"messages": r["messages"]} for r in rows[:2]]),
                    tmp_path / "s.parquet")  # fmt: skip
     c = ChatMessages(str(tmp_path / "s.parquet"), tok_dir, seq_len=255, shuffle=False)
-    d = ChatMessages(write_jsonl(tmp_path / "s.jsonl", rows[:2]), tok_dir, seq_len=255, shuffle=False)
+    d = ChatMessages(
+        write_jsonl(tmp_path / "s.jsonl", rows[:2]), tok_dir, seq_len=255, shuffle=False
+    )
     tk = c.chat_tokenizer()
-    assert [i.tolist() for i, _ in c.encode(c.path, tk)] == [i.tolist() for i, _ in d.encode(d.path, tk)]
+    assert [i.tolist() for i, _ in c.encode(c.path, tk)] == [
+        i.tolist() for i, _ in d.encode(d.path, tk)
+    ]
 
 
 def test_packing_fields_and_resume(tok_dir, tmp_path):
@@ -156,7 +159,9 @@ def test_packing_fields_and_resume(tok_dir, tmp_path):
     halves = [next(data.stream(Partition(i, 2), start=3)) for i in range(2)]
     for k in resumed:
         np.testing.assert_array_equal(np.concatenate([h[k] for h in halves]), resumed[k])
-    procs = ChatMessages(path, tok_dir, seq_len=191, seed=3, loading=Loading(workers=2, read_buffer=2))
+    procs = ChatMessages(
+        path, tok_dir, seq_len=191, seed=3, loading=Loading(workers=2, read_buffer=2)
+    )
     it = procs.load(batch=4).stream(Partition())
     for b in first:
         got = next(it)

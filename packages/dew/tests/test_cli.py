@@ -36,7 +36,12 @@ def test_help_is_complete():
     out = run(["train", "lm", "--help"])
     assert out.returncode == 0
     parser = build_parser()
-    lm = parser._subparsers._group_actions[0].choices["train"]._subparsers._group_actions[0].choices["lm"]
+    lm = (
+        parser._subparsers._group_actions[0]
+        .choices["train"]
+        ._subparsers._group_actions[0]
+        .choices["lm"]
+    )
     for action in lm._actions:
         for flag in action.option_strings:
             assert flag in out.stdout

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dew import models
 
@@ -134,3 +136,39 @@ def test_bad_names_and_inputs(qwen3):
         model.apply(variables, jnp.zeros((1, 40), jnp.int32))
     with pytest.raises(ValueError, match="input_ids"):
         model.apply(variables, jnp.zeros((1, 4), jnp.float32))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 5), min_size=1, max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_packing_property(qwen3, lengths, seed):
+    """Any packing of chains into a row gives each chain the logits it has alone."""
+    _, variables, apply = qwen3
+    width = 12
+    total = 0
+    kept = []
+    for n in lengths:
+        if total + n <= width:
+            kept.append(n)
+            total += n
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, CONFIG["vocab_size"], size=(1, width)).astype(np.int32)
+    seg = np.zeros((1, width), np.int32)
+    pos = np.zeros((1, width), np.int32)
+    start = 0
+    for k, n in enumerate(kept):
+        seg[0, start : start + n] = k + 1
+        pos[0, start : start + n] = np.arange(n)
+        start += n
+    packed = np.asarray(apply(variables, ids, seg, pos))
+    start = 0
+    for n in kept:
+        alone_ids = np.zeros((1, width), np.int32)
+        alone_ids[0, :n] = ids[0, start : start + n]
+        alone_seg = (np.arange(width) < n).astype(np.int32)[None]
+        alone_pos = np.where(alone_seg > 0, np.arange(width), 0).astype(np.int32)
+        alone = np.asarray(apply(variables, alone_ids, alone_seg, alone_pos))
+        np.testing.assert_allclose(packed[0, start : start + n], alone[0, :n], rtol=1e-5, atol=1e-5)
+        start += n

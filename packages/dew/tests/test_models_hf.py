@@ -15,8 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dew.models import CheckpointError, Pretrained, build, load_pretrained
-from dew.models import safetensors_io
+from dew.models import CheckpointError, Pretrained, build, load_pretrained, safetensors_io
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "models"
 CASES = ["qwen3_tied", "qwen3_untied_sharded", "llama3_untied", "llama_linear_tied", "qwen2_tied"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -185,3 +186,13 @@ def test_submit_from_other_threads(greedy_server):
         stop.set()
         thread.join()
     assert all(len(c.ids) == 5 for c in results.values())
+
+
+def test_from_task(pretrained):
+    task = SimpleNamespace(
+        model=pretrained.model, variables=pretrained.variables, sampling=Sampling(temperature=0.0)
+    )
+    server = Server.from_task(task, slots=1, capacity=24)
+    assert server.sampling.greedy and server.slots == 1
+    with pytest.raises(TypeError, match="task"):
+        Server.from_task(SimpleNamespace(model=pretrained.model), slots=1)

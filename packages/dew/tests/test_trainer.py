@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 
 import jax
 import numpy as np
@@ -142,8 +141,14 @@ def test_resume_is_bit_identical_and_logs(model, tmp_path):
     obj = LMObjective(model, SEQ, ema_decay=0.99)
     full = Trainer(obj, optax.adamw(1e-2), key=jax.random.key(5)).fit(batches(4), steps=6)
     run = tmp_path / "run"
-    t1 = Trainer(obj, optax.adamw(1e-2), key=jax.random.key(5), checkpoint_every=2)
+    t1 = Trainer(obj, optax.adamw(1e-2), key=jax.random.key(5), checkpoint_every=2,
+                 tensorboard=True)  # fmt: skip
     t1.fit(batches(4), steps=3, run_dir=run, log_every=1)
+    (events,) = os.listdir(run / "tensorboard")
+    assert (
+        events.startswith("events.out.tfevents.")
+        and (run / "tensorboard" / events).stat().st_size > 100
+    )
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [2, 3]
     t2 = Trainer(obj, optax.adamw(1e-2), key=jax.random.key(5), checkpoint_every=2)
     resumed = t2.fit(batches(4), steps=6, run_dir=run, log_every=1)
@@ -184,12 +189,7 @@ def test_corrupt_checkpoint_is_skipped(model, tmp_path):
 
 
 def test_non_finite_loss_names_step_and_saves_nothing(model, tmp_path):
-    obj = LMObjective(model, SEQ, ema_decay=None)
     good = batches(6)
-
-    def train(partition, start=0):
-        for i, b in enumerate(good.train(partition, start=start), start=start):
-            yield b
 
     class Poisoned(LMObjective):
         def loss(self, variables, batch, key, reference=None):
@@ -197,17 +197,16 @@ def test_non_finite_loss_names_step_and_saves_nothing(model, tmp_path):
             return ls * batch["scale"][0], w, m
 
     def poisoned(partition, start=0):
-        for i, b in enumerate(train(partition, start), start=start):
+        for i, b in enumerate(good.train(partition, start), start=start):
             scale = np.inf if i == 3 else 1.0  # the 4th batch -> step 4
             yield {**b, "scale": np.full((8,), scale, np.float32)}
 
     run = tmp_path / "run"
-    trainer = Trainer(Poisoned(model, SEQ, ema_decay=None), optax.sgd(0.1), key=jax.random.key(0),
-                      checkpoint_every=2)
+    objective = Poisoned(model, SEQ, ema_decay=None)
+    trainer = Trainer(objective, optax.sgd(0.1), key=jax.random.key(0), checkpoint_every=2)
     with pytest.raises(NonFiniteLossError, match="step 4"):
         trainer.fit(Dataset(train=poisoned, batch=8), steps=6, run_dir=run)
     assert [s for s, _ in ckpt.list_checkpoints(run)] == [2]
-    del obj
 
 
 def test_rollout_hook_sees_current_variables(model):
@@ -227,15 +226,15 @@ def test_guide_sft_example(model):
     prompt = [3, 4, 5, 6]
     response = [7, 8, 9, 10, 11]
     row = np.array(prompt + response, dtype=np.int32)
-    roles = np.array(
-        [Role.USER] * len(prompt) + [Role.ASSISTANT] * len(response), dtype=np.int8
-    )
+    roles = np.array([Role.USER] * len(prompt) + [Role.ASSISTANT] * len(response), dtype=np.int8)
     sft_batch = {"text": np.tile(row, (8, 1)), "text_roles": np.tile(roles, (8, 1))}
-    sft_data = Dataset(train=lambda partition: itertools.repeat(sft_batch), val=None,
-                       records=8, batch=8)
+    sft_data = Dataset(
+        train=lambda partition: itertools.repeat(sft_batch), val=None, records=8, batch=8
+    )
     base = LMObjective(model, seq_len=len(row) - 1).init(jax.random.key(1))
-    sft_objective = LMObjective(model, seq_len=len(row) - 1, pretrained=base,
-                                loss_role=Role.ASSISTANT, ema_decay=None)
+    sft_objective = LMObjective(
+        model, seq_len=len(row) - 1, pretrained=base, loss_role=Role.ASSISTANT, ema_decay=None
+    )
     trainer = Trainer(sft_objective, optax.adamw(1e-2), key=jax.random.key(2))
     before = sft_objective.loss(base, sft_batch, None)
     sft_state = trainer.fit(sft_data, steps=20, log_every=10)

@@ -47,9 +47,24 @@ def test_two_processes_match_one(tmp_path):
     port = free_port()
     procs = [
         subprocess.Popen(
-            [sys.executable, WORKER, str(tmp_path / "multi.npz"), steps, "--devices", "2",
-             "--processes", "2", "--process-id", str(i), "--port", str(port)],
-            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                WORKER,
+                str(tmp_path / "multi.npz"),
+                steps,
+                "--devices",
+                "2",
+                "--processes",
+                "2",
+                "--process-id",
+                str(i),
+                "--port",
+                str(port),
+            ],
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for i in range(2)
     ]
@@ -64,7 +79,9 @@ def test_two_processes_match_one(tmp_path):
     # the comparison is not vacuous: training moved the weights well past the tolerance
     run([str(tmp_path / "init.npz"), "0", "--devices", "4"])
     init = leaves(tmp_path / "init.npz")
-    assert max(float(np.abs(a - b).max()) for a, b in zip(init, single) if a.dtype.kind == "f") > 1e-3
+    assert (
+        max(float(np.abs(a - b).max()) for a, b in zip(init, single) if a.dtype.kind == "f") > 1e-3
+    )
 
 
 def test_sigkill_then_resume_is_bit_identical(tmp_path):

@@ -68,7 +68,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--tensorboard",
         action="store_true",
-        help="also write TensorBoard events (needs tensorboardX)",
+        help="also write TensorBoard event files under RUN_DIR/tensorboard",
     )
     g.add_argument(
         "--export",

@@ -17,7 +17,7 @@ def chain_index(segments: jax.Array) -> jax.Array:
     """``[B, T]`` int32 index of each token's chain among ``B * T`` slots."""
     batch, width = segments.shape
     starts = jnp.concatenate(
-        [jnp.ones((batch, 1), jnp.bool_), segments[:, 1:] != segments[:, 1:]], axis=1
+        [jnp.ones((batch, 1), jnp.bool_), segments[:, 1:] != segments[:, :-1]], axis=1
     )
     run = jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
     offsets = (jnp.arange(batch, dtype=jnp.int32) * width)[:, None]

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
-from dew.rl._masking import eps_denominator, keep_of, select
+from dew.rl._masking import count_kept, eps_denominator, keep_of, select
 
 
 def masked_mean(
@@ -33,5 +33,5 @@ def masked_mean(
     require_same_shape("mask", mask, "x", x)
     keep = keep_of(mask)
     total = jnp.sum(select(x, keep), axis=axis)
-    count = jnp.sum(keep, axis=axis, dtype=jnp.int32)
+    count = count_kept(keep, axis=axis)
     return total / eps_denominator(count, mask, x.dtype)

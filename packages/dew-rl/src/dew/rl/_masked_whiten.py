@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
 from dew.rl._masked_mean import masked_mean
-from dew.rl._masking import at_least_float32, count_dtype, keep_of
+from dew.rl._masking import at_least_float32, count_dtype, count_kept, keep_of
 
 #: verl adds this to the variance before the reciprocal square root.
 WHITEN_EPS = 1e-8
@@ -45,7 +45,7 @@ def masked_whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
     mean = masked_mean(x, mask)
     centred = x - mean
     variance = masked_mean(centred**2, mask)
-    n = jnp.sum(keep, dtype=jnp.int32)
+    n = count_kept(keep)
     cdtype = count_dtype(mask)
     bessel = n.astype(cdtype) / (n - 1).astype(cdtype)
     variance = variance * bessel.astype(x.dtype)

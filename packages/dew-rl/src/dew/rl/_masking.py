@@ -65,3 +65,21 @@ def at_least_float32(dtype: jnp.dtype) -> jnp.dtype:
     """float32 for half-precision dtypes, the dtype itself for float32 and float64."""
     dtype = jnp.dtype(dtype)
     return dtype if dtype.itemsize >= 4 else jnp.dtype(jnp.float32)
+
+
+#: float32 counts every integer exactly up to 2**24.
+_EXACT_FLOAT32_COUNT = 2**24
+
+
+def count_dtype_for(size: int) -> jnp.dtype:
+    """float32 when every count of ``size`` items is exact in it, else int32.
+
+    XLA on CPU vectorises float reductions but not integer ones, so counting in float32 is
+    several times faster and, below 2**24 items, exactly as precise.
+    """
+    return jnp.dtype(jnp.float32) if size < _EXACT_FLOAT32_COUNT else jnp.dtype(jnp.int32)
+
+
+def count_kept(keep: jax.Array, axis: int | tuple[int, ...] | None = None) -> jax.Array:
+    """Exact number of kept positions along ``axis`` (float32 or int32, see above)."""
+    return jnp.sum(keep, axis=axis, dtype=count_dtype_for(keep.size))

@@ -73,6 +73,6 @@ def sequence_log_ratio(
     keep = keep_of(mask)
     safe_log_probs = select(log_probs, keep)
     difference = select(log_probs - old_log_probs, keep)
-    pooled = pooled_mean(difference, keep, segments)
+    pooled = jax.lax.stop_gradient(pooled_mean(difference, keep, segments))
     live = safe_log_probs - jax.lax.stop_gradient(safe_log_probs)
     return clamp(live + pooled, high=SEQUENCE_LOG_RATIO_MAX)

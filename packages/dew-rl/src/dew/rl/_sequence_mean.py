@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from dew.rl._chains import sequence_totals, token_keep
 from dew.rl._checks import require_float, require_rank, require_same_shape, require_segments
-from dew.rl._masking import eps_denominator, keep_of, select
+from dew.rl._masking import count_dtype_for, count_kept, eps_denominator, keep_of, select
 
 
 def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = None) -> jax.Array:
@@ -35,8 +35,8 @@ def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = No
         require_segments(segments, "x", x)
     keep = token_keep(keep_of(mask), segments)
     totals, _ = sequence_totals(select(x, keep), segments)
-    counts, _ = sequence_totals(keep.astype(jnp.int32), segments)
+    counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
     per_sequence = totals / eps_denominator(counts, mask, x.dtype)
     present = counts > 0
-    n_sequences = jnp.sum(present, dtype=jnp.int32).astype(x.dtype)
+    n_sequences = count_kept(present).astype(x.dtype)
     return jnp.sum(select(per_sequence, present)) / n_sequences

@@ -15,7 +15,7 @@ from dew.rl._checks import (
     require_same_shape,
     require_segments,
 )
-from dew.rl._masking import eps_denominator, keep_of, select
+from dew.rl._masking import count_dtype_for, eps_denominator, keep_of, select
 from dew.rl._token_rejection_mask import log_band, rejection_k1
 
 
@@ -66,7 +66,7 @@ def sequence_rejection_mask(
     k1 = select(rejection_k1(old_log_probs, behavior_log_probs, keep), keep)
     statistic, index = sequence_totals(k1, segments)
     if mean:
-        counts, _ = sequence_totals(keep.astype(jnp.int32), segments)
+        counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
         statistic = statistic / eps_denominator(counts, mask, k1.dtype)
     passed = (statistic >= log_low) & (statistic <= log_high)
     passed = jnp.broadcast_to(broadcast_back(passed, index), mask.shape) & (

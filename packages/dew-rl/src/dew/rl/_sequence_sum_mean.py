@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from dew.rl._chains import sequence_totals, token_keep
 from dew.rl._checks import require_float, require_rank, require_same_shape, require_segments
-from dew.rl._masking import keep_of, select
+from dew.rl._masking import count_dtype_for, count_kept, keep_of, select
 
 
 def sequence_sum_mean(
@@ -40,7 +40,7 @@ def summed_sequences(x: jax.Array, keep: jax.Array, segments: jax.Array | None) 
     """Mean over non-empty sequences of their masked sums (shared with the -norm form)."""
     keep = token_keep(keep, segments)
     totals, _ = sequence_totals(select(x, keep), segments)
-    counts, _ = sequence_totals(keep.astype(jnp.int32), segments)
+    counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
     present = counts > 0
-    n_sequences = jnp.sum(present, dtype=jnp.int32).astype(x.dtype)
+    n_sequences = count_kept(present).astype(x.dtype)
     return jnp.sum(select(totals, present)) / n_sequences

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
-from dew.rl._masking import keep_of, select
+from dew.rl._masking import count_kept, keep_of, select
 
 
 def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -28,6 +28,6 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     require_float("x", x)
     require_same_shape("mask", mask, "x", x)
     keep = keep_of(mask)
-    total = jnp.sum(x * keep)
-    count = jnp.sum(keep, dtype=jnp.int32).astype(x.dtype)
+    total = jnp.sum(select(x, keep))
+    count = count_kept(keep).astype(x.dtype)
     return total / count

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import (
+    is_python_number,
     require_float,
     require_positive_band,
     require_same_dtype,
@@ -29,6 +30,9 @@ def rejection_k1(
 
 def log_band(low: float, high: float) -> tuple[float, float]:
     """Validate a ratio band and return its natural logs, as verl takes them."""
+    for name, value in (("low", low), ("high", high)):
+        if not is_python_number(value):
+            raise TypeError(f"{name}: expected a Python number (a static bound), got {value!r}")
     require_positive_band(low, high)
     return math.log(low), math.log(high)
 

@@ -15,6 +15,7 @@ __all__ = [
     "Loading",
     "Partition",
     "PreferencePairs",
+    "Prompts",
     "Role",
     "TokenFile",
     "open_tokens",

@@ -202,11 +202,10 @@ class TextGeneration:
         rows = [
             check_context(f"context_ids[{i}]", c, cfg.vocab_size) for i, c in enumerate(contexts)
         ]
-        budgets = (
-            [int(max_new_tokens)] * len(rows)
-            if np.ndim(max_new_tokens) == 0
-            else [int(b) for b in max_new_tokens]  # type: ignore[union-attr]
-        )
+        if isinstance(max_new_tokens, int | np.integer):
+            budgets = [int(max_new_tokens)] * len(rows)
+        else:
+            budgets = [int(b) for b in max_new_tokens]
         if len(budgets) != len(rows):
             raise ValueError(
                 f"max_new_tokens: expected one budget per context ({len(rows)}), got {len(budgets)}"

@@ -234,6 +234,22 @@ class Server:
 
     # -- public API --------------------------------------------------------------------
 
+    @classmethod
+    def from_task(cls, task: Any, **options: Any) -> Server:
+        """A server for a task-like object: its `.model`, its `.variables` (or a
+        snapshot in `.params`) and, unless `sampling=` is given, its `.sampling`."""
+        model = getattr(task, "model", None)
+        if model is None:
+            raise TypeError(f"task: expected an object with .model, got {type(task).__name__}")
+        variables = getattr(task, "variables", None)
+        if variables is None:
+            variables = getattr(task, "params", None)
+        if variables is None:
+            raise TypeError("task: expected .variables (or .params) holding the weights")
+        if "sampling" not in options and getattr(task, "sampling", None) is not None:
+            options["sampling"] = task.sampling
+        return cls(model, variables, **options)
+
     @property
     def compile_count(self) -> int:
         return self.programs.compile_count
@@ -290,11 +306,7 @@ class Server:
     def cancel(self, request_id: int) -> bool:
         """Stop a request at the next round boundary; True if it was still pending."""
         with self._lock:
-            for request in self._waiting:
-                if request.request_id == request_id:
-                    request.cancelled = True
-                    return True
-            for request in self._active:
+            for request in [*self._waiting, *self._active]:
                 if request is not None and request.request_id == request_id:
                     request.cancelled = True
                     return True
@@ -436,7 +448,7 @@ class Server:
         self._live[:] = live
         self._count[:] = count
         for slot in np.flatnonzero(was_live & ~live):
-            self._finish(slot, "eos" if eos[slot] else "length", finished)
+            self._finish(int(slot), "eos" if eos[slot] else "length", finished)
 
     def _record(self, request: _Request, token: Any, raw: Any, beh: Any, support: Any) -> None:
         request.ids.append(int(token))
@@ -479,15 +491,15 @@ class Server:
         finished.append(self._completion(request, reason, error))
 
     def _drop_cancelled(self, finished: list[Completion]) -> None:
-        kept = collections.deque()
+        kept: collections.deque[_Request] = collections.deque()
         for request in self._waiting:
             if request.cancelled:
                 finished.append(self._completion(request, "cancelled"))
             else:
                 kept.append(request)
         self._waiting = kept
-        for slot, request in enumerate(self._active):
-            if request is not None and request.cancelled:
+        for slot, active in enumerate(self._active):
+            if active is not None and active.cancelled:
                 self._finish(slot, "cancelled", finished)
 
     def _fail_all(self, error: BaseException, finished: list[Completion]) -> None:

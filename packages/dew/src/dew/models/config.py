@@ -51,15 +51,15 @@ class RopeScaling:
         if isinstance(scaling, RopeScaling):
             return scaling
         kind = scaling.get("rope_type", scaling.get("type", "default"))
-        fields = {
-            "factor": float(scaling.get("factor", 1.0)),
-            "low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
-            "high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
-            "original_max_position_embeddings": int(
+        return cls(
+            rope_type=str(kind),
+            factor=float(scaling.get("factor", 1.0)),
+            low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
+            original_max_position_embeddings=int(
                 scaling.get("original_max_position_embeddings", 8192)
             ),
-        }
-        return cls(rope_type=str(kind), **fields)
+        )
 
     def to_mapping(self) -> dict[str, Any]:
         """The transformers form of this scaling (without `rope_theta`)."""

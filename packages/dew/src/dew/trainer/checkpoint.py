@@ -131,7 +131,8 @@ def save(
         if name.startswith(".tmp-"):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     buf = io.BytesIO()
-    np.savez(buf, **{f"leaf_{i:05d}": a for i, a in enumerate(host)})
+    arrays: dict[str, Any] = {f"leaf_{i:05d}": a for i, a in enumerate(host)}
+    np.savez(buf, **arrays)
     payload = buf.getvalue()
     meta = {
         "format": FORMAT,
@@ -216,15 +217,22 @@ def restore_into(template: Any, shardings: Any, restored: Restored) -> Any:
                 f"checkpoint {restored.path}: leaf {i} has shape {h.shape}, state expects {want_shape}"
             )
         if key_impl is not None:
-            data = jax.make_array_from_callback(h.shape, _data_sharding(s), lambda idx, h=h: h[idx])
+            data = jax.make_array_from_callback(h.shape, _data_sharding(s), _slicer(h))
             out.append(jax.random.wrap_key_data(data, impl=key_impl))
         else:
             if h.dtype != np.dtype(t.dtype):
                 raise ValueError(
                     f"checkpoint {restored.path}: leaf {i} has dtype {h.dtype}, state expects {t.dtype}"
                 )
-            out.append(jax.make_array_from_callback(h.shape, s, lambda idx, h=h: h[idx]))
+            out.append(jax.make_array_from_callback(h.shape, s, _slicer(h)))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def _slicer(h: np.ndarray) -> Any:
+    def get(idx: Any) -> np.ndarray:
+        return h[idx]
+
+    return get
 
 
 def _data_sharding(s: jax.sharding.Sharding) -> jax.sharding.Sharding:

@@ -2,9 +2,8 @@
 
 ``JsonlTracker`` appends one JSON object per record to ``run_dir/metrics.jsonl`` and flushes
 it, so a killed run keeps every record written before the kill. A resumed run appends to the
-same file. ``TensorBoardTracker`` writes event files through ``tensorboardX`` when that package
-is installed; it is not a dependency of Dew (``pip install tensorboardX`` to use it) and asking
-for it without the package raises ``ImportError`` naming it.
+same file. ``TensorBoardTracker`` writes TensorBoard event files with a small built-in writer (no
+TensorFlow, tensorboard or tensorboardX needed to write them).
 """
 
 from __future__ import annotations
@@ -44,24 +43,25 @@ class JsonlTracker:
 
 
 class TensorBoardTracker:
-    """Writes scalar records with ``tensorboardX.SummaryWriter`` under ``logdir``."""
+    """Writes every numeric field of a record as a TensorBoard scalar under ``logdir``.
+
+    Uses Dew's own event-file writer (``dew.trainer.tensorboard``), so TensorBoard itself is
+    needed only to view the files.
+    """
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
-        try:
-            from tensorboardX import SummaryWriter  # type: ignore[import-not-found]
-        except ImportError as err:  # pragma: no cover - depends on the environment
-            raise ImportError(
-                "tensorboard=True needs the optional package 'tensorboardX' "
-                "(pip install tensorboardX); it is not installed"
-            ) from err
-        self._writer = SummaryWriter(os.fspath(logdir))
+        from dew.trainer.tensorboard import EventWriter
+
+        self._writer = EventWriter(logdir)
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
-        for name, value in record.items():
-            if name != "step" and isinstance(value, int | float):
-                self._writer.add_scalar(name, value, step)
-        self._writer.flush()
+        values = {
+            name: float(value)
+            for name, value in record.items()
+            if name != "step" and isinstance(value, int | float) and not isinstance(value, bool)
+        }
+        self._writer.scalars(step, values)
 
     def close(self) -> None:
         self._writer.close()

@@ -71,7 +71,7 @@ class Trainer:
       checkpoint_every: save every this many steps when ``fit`` has a ``run_dir`` (the last
         step is always saved).
       keep_checkpoints: how many checkpoints to keep.
-      tensorboard: also write scalars with tensorboardX under ``run_dir/tensorboard``.
+      tensorboard: also write TensorBoard scalars under ``run_dir/tensorboard``.
       learning_rate: a float or schedule, only for logging when the optimizer does not expose
         one through ``optax.inject_hyperparams``.
       progress: draw a progress bar (``None``: only when stderr is a terminal).
@@ -206,6 +206,7 @@ class Trainer:
             state = self.initial_state()
         else:
             self._ensure_shardings(state.params)
+        assert state is not None
         if run_dir is not None:
             run_dir = os.fspath(run_dir)
             n_leaves = len(jax.tree_util.tree_leaves(state))
@@ -248,7 +249,7 @@ class Trainer:
                 position=position,
                 keep=self.keep_checkpoints,
                 write=lead,
-                extra={"updates": int(jax.device_get(state.updates))},
+                extra={"updates": int(jax.device_get(state.updates))},  # type: ignore[union-attr]
             )
             if jax.process_count() > 1:
                 multihost_utils.sync_global_devices(f"dew-checkpoint-{number}")

@@ -505,9 +505,12 @@ class GRPOObjective:
                     "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
                 )
             ref_log_probs = jax.lax.stop_gradient(self.packed_log_probs(reference, batch))
-        return policy_loss_from_log_probs(
+        loss_sum, weight, metrics = policy_loss_from_log_probs(
             log_probs, batch, ref_log_probs=ref_log_probs, **self.options()
         )
+        if "rewards" in batch:  # SampledRollout's per-completion rewards, for the log
+            metrics = {**metrics, "reward/mean": jnp.mean(jnp.asarray(batch["rewards"]))}
+        return loss_sum, weight, metrics
 
     def evaluate(
         self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.Array

@@ -536,15 +536,19 @@ def pack(
     for chain in chains:
         sampled_count[chain.session] = sampled_count.get(chain.session, 0) + sum(chain.sampled)
 
-    support_fill = [0] * rows
+    # segment ids count 1, 2, ... from the left of each row
+    segment_of = [0] * len(chains)
     counters = [0] * rows
-    for chain, (row, offset) in zip(chains, placement):
+    for i in sorted(range(len(chains)), key=lambda i: placement[i]):
+        counters[placement[i][0]] += 1
+        segment_of[i] = counters[placement[i][0]]
+    support_fill = [0] * rows
+    for i, (chain, (row, offset)) in enumerate(zip(chains, placement)):
         n = len(chain.ids)
         cols = slice(offset, offset + n)
-        counters[row] += 1
         sampled = np.asarray(chain.sampled, dtype=bool)
         batch["input_ids"][row, cols] = chain.ids
-        batch["text_segment_ids"][row, cols] = counters[row]
+        batch["text_segment_ids"][row, cols] = segment_of[i]
         batch["text_positions"][row, cols] = np.arange(n)
         batch["response_mask"][row, cols] = sampled
         batch["behavior_log_probs"][row, cols] = chain.behavior

@@ -1,0 +1,215 @@
+"""ProcessRunner and the launcher: every verdict, I/O, limits, cleanup, parent death."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+from conftest import processes_with, sandbox_temp_dirs
+
+from dew.sandbox import Outcome, Program, ProcessRunner, SandboxLimits, Verdict
+
+LIMITS = SandboxLimits(cpu_seconds=1, deadline_seconds=2, output_bytes=4096)
+
+# Both user modes where the test can run them: own uids needs root.
+MODES = [False] + ([True] if os.geteuid() == 0 else [])
+
+
+def run(code: str, *, own_users: bool, stdin: bytes = b"", limits: SandboxLimits = LIMITS,
+        argv_extra: tuple[str, ...] = ()) -> Outcome:
+    runner = ProcessRunner(own_users=own_users)
+    program = Program({"main.py": textwrap.dedent(code)}, ["python3", "main.py", *argv_extra], stdin=stdin)
+    return runner.run(program, limits)
+
+
+@pytest.mark.parametrize("own_users", MODES)
+@pytest.mark.parametrize(
+    ("code", "verdict", "exit_code"),
+    [
+        ("print('ok')", Verdict.COMPLETED, 0),
+        ("import sys; sys.exit(4)", Verdict.FAILED, 4),
+        ("raise ValueError('boom')", Verdict.FAILED, 1),
+        ("import time; time.sleep(30)", Verdict.TIMEOUT, -signal.SIGKILL),
+        ("while True: pass", Verdict.TIMEOUT, -signal.SIGXCPU),
+        ("import os; os.kill(os.getpid(), 11)", Verdict.CRASHED, -signal.SIGSEGV),
+        ("import os; os.abort()", Verdict.CRASHED, -signal.SIGABRT),
+        ("print('x' * 100000)", Verdict.OUTPUT_LIMIT, -signal.SIGKILL),
+    ],
+)
+def test_each_verdict(code: str, verdict: Verdict, exit_code: int, own_users: bool) -> None:
+    outcome = run(code, own_users=own_users)
+    assert outcome.verdict is verdict, outcome
+    assert outcome.exit_code == exit_code
+    assert outcome.seconds > 0
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_stdin_files_and_environment(own_users: bool) -> None:
+    code = """
+        import os, sys
+        data = sys.stdin.read()
+        print(data.upper(), end="")
+        print(open("pkg/helper.txt").read())
+        print(sorted(os.environ))
+        print(os.getcwd() == os.environ["HOME"])
+        sys.stderr.write("to stderr")
+    """
+    runner = ProcessRunner(own_users=own_users)
+    program = Program(
+        {"main.py": textwrap.dedent(code), "pkg/helper.txt": "héllo"},
+        ["python3", "main.py"],
+        stdin="line one\nline two\n",
+    )
+    outcome = runner.run(program, LIMITS)
+    assert outcome.verdict is Verdict.COMPLETED, outcome
+    lines = outcome.text().splitlines()
+    assert lines[:3] == ["LINE ONE", "LINE TWO", "héllo"]
+    # Nothing of the caller's environment leaks through.
+    assert lines[3] == str(sorted(["DEW_SANDBOX_JOB", "HOME", "LANG", "LC_ALL", "PATH",
+                                   "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "TMPDIR"]))
+    assert lines[4] == "True"
+    assert outcome.stderr == b"to stderr"
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_output_is_cut_at_the_cap(own_users: bool) -> None:
+    limits = SandboxLimits(deadline_seconds=5, output_bytes=1000)
+    outcome = run("import sys\nsys.stdout.write('a' * 600)\nsys.stderr.write('b' * 600)\n",
+                  own_users=own_users, limits=limits)
+    assert outcome.verdict is Verdict.OUTPUT_LIMIT
+    assert len(outcome.stdout) + len(outcome.stderr) == 1000
+    exact = run("import sys\nsys.stdout.write('a' * 1000)\n", own_users=own_users, limits=limits)
+    assert exact.verdict is Verdict.COMPLETED and exact.stdout == b"a" * 1000
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_address_space_limit(own_users: bool) -> None:
+    limits = SandboxLimits(deadline_seconds=5, address_space_bytes=200 << 20)
+    outcome = run("x = bytearray(400 << 20)\n", own_users=own_users, limits=limits)
+    assert outcome.verdict is Verdict.FAILED
+    assert b"MemoryError" in outcome.stderr
+    fits = run("x = bytearray(50 << 20)\nprint(len(x))\n", own_users=own_users, limits=limits)
+    assert fits.verdict is Verdict.COMPLETED and fits.text().strip() == str(50 << 20)
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_no_core_dumps_and_rlimits_seen_inside(own_users: bool) -> None:
+    code = """
+        import resource
+        print(resource.getrlimit(resource.RLIMIT_CORE))
+        print(resource.getrlimit(resource.RLIMIT_CPU))
+        print(resource.getrlimit(resource.RLIMIT_AS))
+    """
+    outcome = run(code, own_users=own_users)
+    assert outcome.text().splitlines() == [
+        "(0, 0)",
+        str(LIMITS.cpu_rlimit),
+        str((LIMITS.address_space_bytes,) * 2),
+    ]
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_forked_child_dies_at_the_timeout(own_users: bool, tmp_path) -> None:
+    mark = f"dew-forked-{os.getpid()}-{own_users}"
+    code = """
+        import os, sys, time
+        if os.fork() == 0:
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(60)", sys.argv[1]])
+        time.sleep(60)
+    """
+    outcome = run(code, own_users=own_users, argv_extra=(mark,),
+                  limits=SandboxLimits(cpu_seconds=1, deadline_seconds=1))
+    assert outcome.verdict is Verdict.TIMEOUT
+    assert processes_with(mark) == []
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_a_command_that_cannot_start_is_a_failed_outcome(own_users: bool) -> None:
+    runner = ProcessRunner(own_users=own_users)
+    outcome = runner.run(Program({}, ["no-such-command-dew"]), LIMITS)
+    assert outcome.verdict is Verdict.FAILED
+    assert outcome.exit_code is None
+    assert b"could not start" in outcome.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="own uids need root")
+def test_own_users_are_fresh_and_cannot_touch_the_caller(tmp_path) -> None:
+    code = """
+        import os
+        print(os.getuid(), os.getgid(), os.getgroups())
+        try:
+            os.kill(os.getppid(), 0)
+            print("can signal parent")
+        except PermissionError:
+            print("cannot signal parent")
+    """
+    first = run(code, own_users=True).text().splitlines()
+    second = run(code, own_users=True).text().splitlines()
+    uid, gid, groups = first[0].split(" ", 2)
+    assert int(uid) >= 1_900_000_000 and uid == gid and groups == "[]"
+    assert first[0] != second[0]
+    assert first[1] == "cannot signal parent"
+
+
+def test_job_directories_are_removed() -> None:
+    before = sandbox_temp_dirs()
+    for own_users in MODES:
+        run("open('scratch.txt', 'w').write('x')\nimport os\nos.mkdir('sub')\n", own_users=own_users)
+    assert sandbox_temp_dirs() - before == set()
+
+
+PARENT = """
+import sys
+from dew.sandbox import Program, ProcessRunner, SandboxLimits
+code = "import os, sys, time\\nopen(sys.argv[1], 'w').write(str(os.getpid()))\\ntime.sleep(60)\\n"
+runner = ProcessRunner(own_users={own_users})
+runner.run(Program({{"main.py": code}}, ["python3", "main.py", sys.argv[1]]),
+           SandboxLimits(deadline_seconds=60, cpu_seconds=60))
+"""
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_program_dies_with_its_parent(own_users: bool) -> None:
+    # A directory every sandbox uid can reach (pytest's tmp_path is private to root).
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="dew-test-shared-"))
+    shared.chmod(0o777)
+    pid_file = shared / "pid"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT.format(own_users=own_users), str(pid_file)]
+    )
+    try:
+        end = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert time.monotonic() < end, "the program never started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert os.path.exists(f"/proc/{child}")
+        parent.kill()
+        parent.wait()
+        end = time.monotonic() + 5
+        while os.path.exists(f"/proc/{child}"):
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            assert time.monotonic() < end, "the program outlived its parent"
+            time.sleep(0.02)
+    finally:
+        parent.kill()
+        parent.wait()
+        shutil.rmtree(shared)
+
+
+def test_own_users_needs_root() -> None:
+    if os.geteuid() == 0:
+        assert ProcessRunner().own_users is True
+    else:
+        with pytest.raises(PermissionError, match="own_users"):
+            ProcessRunner(own_users=True)

@@ -1,0 +1,70 @@
+"""A byte-level BPE tokenizer with a compact chat template, trained in code on the task text.
+
+Pre-tokenization splits every digit on its own (so numbers are read digit by digit, never
+as learned multi-digit pieces) and then applies GPT-2's byte-level split; the BPE merges,
+learned from the task's own worked answers, only shorten the fixed text (``boxed`` and the
+like). Four special tokens frame a conversation::
+
+    <|user|>37+48<|end|><|assistant|>37+48=85 \\boxed{85}<|end|>
+
+``<|end|>`` closes every message and is the end-of-sequence id generation stops on;
+``<|pad|>`` pads rows. The template appends ``<|assistant|>`` as the generation prompt, so
+the assistant span of a rendered conversation is its content and the closing ``<|end|>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from dew.data.chat.template import ChatTokenizer
+
+PAD, USER, ASSISTANT, END = "<|pad|>", "<|user|>", "<|assistant|>", "<|end|>"
+SPECIAL = (PAD, USER, ASSISTANT, END)
+
+TEMPLATE = (
+    "{%- for message in messages %}"
+    "<|{{ message.role }}|>{{ message.content }}<|end|>"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def build_tokenizer(corpus: Iterable[str], merges: int = 32) -> ChatTokenizer:
+    """Train the tokenizer on ``corpus`` with at most ``merges`` merges; deterministic.
+
+    The vocabulary is the 256 byte symbols, the four special tokens and the merges.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if merges < 0:
+        raise ValueError(f"merges: expected >= 0, got {merges}")
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=len(alphabet) + len(SPECIAL) + merges,
+        special_tokens=list(SPECIAL),
+        initial_alphabet=alphabet,
+        show_progress=False,
+    )
+    tok.train_from_iterator(list(corpus), trainer)
+    special = {"pad_token": PAD, "eos_token": END}
+    return ChatTokenizer(tok, TEMPLATE, special)
+
+
+def token_id(tokenizer: ChatTokenizer, text: str) -> int:
+    """The id of one special token string."""
+    value = tokenizer.tokenizer.token_to_id(text)
+    if value is None:
+        raise KeyError(f"tokenizer: no token {text!r}")
+    return int(value)
+
+
+def vocab_size(tokenizer: ChatTokenizer) -> int:
+    return int(tokenizer.tokenizer.get_vocab_size())
