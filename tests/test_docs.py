@@ -120,7 +120,12 @@ print("ALL BLOCKS PASSED", flush=True)
 
 def run_blocks(blocks: list[Block], workdir: Path) -> subprocess.CompletedProcess[str]:
     """Execute the runnable blocks in order in one fresh interpreter, in ``workdir``."""
-    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    # The default JAX configuration a reader has: CPU, one device, no flags another test set.
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "XLA_FLAGS" and not key.startswith("JAX_")
+    }
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     payload = json.dumps([block.__dict__ for block in blocks if block.runnable])

@@ -196,19 +196,13 @@ class Recorder:
         for dtype in dtypes:
             arrays: dict[str, np.ndarray] = {}
             if dtype == "bf16":
-                rounded = {
-                    k: _round_bf16(v) if _is_float(v) else v for k, v in inputs.items()
-                }
+                rounded = {k: _round_bf16(v) if _is_float(v) else v for k, v in inputs.items()}
                 self._run(name, run, rounded, torch.float32, arrays, "", grad_of, grad_wrt)
-                self._run(
-                    name, run, rounded, torch.bfloat16, arrays, "_bf16", grad_of, grad_wrt
-                )
+                self._run(name, run, rounded, torch.bfloat16, arrays, "_bf16", grad_of, grad_wrt)
                 stored = rounded
             else:
                 stored = {
-                    k: v.astype(np.float64 if dtype == "f64" else np.float32)
-                    if _is_float(v)
-                    else v
+                    k: v.astype(np.float64 if dtype == "f64" else np.float32) if _is_float(v) else v
                     for k, v in inputs.items()
                 }
                 self._run(name, run, stored, DTYPES[dtype], arrays, "", grad_of, grad_wrt)

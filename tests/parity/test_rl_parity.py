@@ -396,11 +396,10 @@ CASES: list[tuple[str, str, Adapter]] = [
             f"grpo_outcome_g{g}_{n}",
             "group_advantage",
             lambda x, s: _broadcast_outcome(
-                rl.group_advantage(
+                rl.group_advantage(  # eps left at its default, GROUP_EPS
                     jnp.sum(x["token_level_rewards"], axis=-1),
                     _group(s),
                     s["options"]["norm_adv_by_std_in_grpo"],
-                    s["options"]["epsilon"],
                 ),
                 x["response_mask"],
             ),
@@ -482,6 +481,26 @@ PARAMS = [
     for prefix, function, adapter in CASES
     for stem in _stems(prefix)
 ]
+
+
+def test_group_eps_is_verls_epsilon() -> None:
+    """GROUP_EPS is the epsilon verl's compute_grpo_outcome_advantage was recorded with."""
+    for stem in _stems("grpo_outcome_g4_std"):
+        assert load(stem).side["options"]["epsilon"] == rl.GROUP_EPS
+
+
+@pytest.mark.parametrize(
+    "stem", _stems("policy_vanilla_token_mean") + _stems("policy_vanilla_token_mean_intmask")
+)
+def test_token_log_ratio_is_verls_negative_approx_kl(stem: str, report) -> None:
+    """verl's ppo_kl metric is the masked mean of minus its clamped log ratio."""
+    fixture = load(stem)
+    with x64_for(fixture.dtype):
+        x = fixture.inputs()
+        lr = rl.token_log_ratio(x["log_prob"], x["old_log_prob"])
+        got = {"ppo_kl": -rl.masked_mean(lr, x["response_mask"])}
+        want = fixture.expected("out_bf16" if fixture.dtype == "bf16" else "out")
+        compare(report, "token_log_ratio", fixture, "value", got, want)
 
 
 def test_every_fixture_is_checked() -> None:

@@ -5,6 +5,8 @@ reference policy with coefficient 0.04, token-mean reduction; forward and backwa
 policy log-probabilities, float32 [B, T] inputs. Implementations, on the same inputs:
 
 - ``dew.rl``: the composition of dew.rl functions, ``jax.jit(jax.value_and_grad(...))``;
+- ``dew+remat``: the same composition under ``jax.checkpoint``, so the backward pass
+  recomputes the exponentials from the inputs instead of reading stored copies;
 - ``fused``: the same loss and its derivative written by hand as two elementwise passes
   (see :func:`fused_value_and_grad`), to show what one jitted step can reach; it is not the
   library's code path;
@@ -13,7 +15,9 @@ policy log-probabilities, float32 [B, T] inputs. Implementations, on the same in
 
 The runs are interleaved in rounds (verl, the copy, each jax implementation, again) so that
 load from other processes on the machine falls on all of them alike; the median and the
-minimum over all runs are printed, and the ratios verl / jax use the medians. The same rounds
+minimum over all runs are printed, with the ratios verl / jax of the medians and of the
+minima (on a loaded machine the long verl steps are interrupted more often than the short
+jax ones, which inflates the median ratio; the ratio of minima is the conservative one). The same rounds
 measure the bandwidth of a large array copy (read + write bytes per second); the memory floor
 of a step is the bytes it must move (read four float32 inputs and the bool mask, write the
 float32 gradient: 21 bytes a token) over that bandwidth, and "floor fraction" is that floor
@@ -21,7 +25,7 @@ over the measured time (1.0 would be at the floor; above 1 means the working set
 cache, which the copy is sized to miss).
 
 Usage: .venv/bin/python tools/bench/bench_rl.py [--rounds 5] [--repeats 20]
-       [--sizes 32x512,256x2048] [--torch-threads N]
+       [--sizes 32x512,256x2048] [--torch-threads N] [--cpus 0]
 """
 
 from __future__ import annotations
@@ -183,7 +187,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20, help="runs per round")
     parser.add_argument("--sizes", default="32x512,256x2048")
     parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
+    parser.add_argument(
+        "--cpus",
+        default="",
+        help="pin this process and the verl worker to these CPUs (e.g. 0), before jax starts "
+        "its thread pool, so both sides get the same cores",
+    )
     args = parser.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
     src = np.ones(64 * 2**20, dtype=np.float32)  # 256 MiB: far past any cache here
@@ -191,11 +203,13 @@ def main() -> None:
     np.copyto(dst, src)
     impls: dict[str, Callable] = {
         "dew.rl": jax.jit(jax.value_and_grad(dew_loss)),
+        "dew+remat": jax.jit(jax.value_and_grad(jax.checkpoint(dew_loss))),
         "fused": jax.jit(fused_value_and_grad),
     }
     worker = VerlWorker(args.torch_threads)
     print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, {os.cpu_count()} CPUs; "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
+        f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPUs; "
         f"verl worker torch {worker.info['torch']} with {worker.info['threads']} threads; "
         f"{args.rounds} rounds x {args.repeats} runs, interleaved"
     )
@@ -231,13 +245,15 @@ def main() -> None:
                     f"{floor * 1e6:.0f} us"
                 )
                 verl_median = statistics.median(times["verl"])
+                verl_min = min(times["verl"])
                 row: dict[str, Any] = {"shape": [b, t], "floor_s": floor}
                 for name, ts in times.items():
                     med, best = statistics.median(ts), min(ts)
                     print(
-                        f"  {name:7s} median {med * 1e3:8.3f} ms (min {best * 1e3:8.3f})  "
-                        f"verl/this {verl_median / med:6.1f}x  floor fraction {floor / med:5.3f}"
-                        f"  loss {checks[name]['loss']:+.7f}  |grad|_1 "
+                        f"  {name:9s} median {med * 1e3:8.3f} ms (min {best * 1e3:7.3f})  "
+                        f"verl/this {verl_median / med:6.1f}x (of minima {verl_min / best:6.1f}x)"
+                        f"  floor fraction {floor / med:5.3f} (min {floor / best:5.3f})"
+                        f"  loss {checks[name]['loss']:+.7f} |grad|_1 "
                         f"{checks[name]['grad_abs_sum']:.6f}"
                     )
                     row[name] = {"median_s": med, "min_s": best}

@@ -76,7 +76,7 @@ def main() -> None:
             step, leaf = make_step(cmd["load"])
             for _ in range(3):
                 loss = step()
-            reply({"loss": float(loss), "grad_abs_sum": float(leaf.grad.abs().sum())})
+            reply({"loss": loss.item(), "grad_abs_sum": leaf.grad.abs().sum().item()})
         elif "time" in cmd:
             assert step is not None, "time before load"
             times = []

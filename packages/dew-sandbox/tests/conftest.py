@@ -1,9 +1,8 @@
-"""Shared fixtures for dew-sandbox tests: the container engine and leak scans."""
+"""Shared fixtures for dew-sandbox tests: the container engine."""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -35,28 +34,3 @@ def container_runner(container_image: str) -> Iterator[ContainerRunner]:
         assert runner.leftover_containers() == []
     finally:
         runner.close()
-
-
-def sandbox_temp_dirs() -> set[str]:
-    """Job directories the runners created under the temp root (and not yet removed)."""
-    root = tempfile.gettempdir()
-    return {name for name in os.listdir(root) if name.startswith("dew-sandbox-")}
-
-
-def processes_with(token: str) -> list[tuple[int, str]]:
-    """Live, non-zombie processes whose command line contains ``token``."""
-    found = []
-    needle = token.encode()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{name}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmdline and state not in (b"Z", b"X"):
-            found.append((int(name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
-    return found

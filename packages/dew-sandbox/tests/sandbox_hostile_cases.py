@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from dew.sandbox import Outcome, Program, SandboxLimits, Verdict
 
-C, F, T, X, O = (
+C, F, T, X, OUT = (
     Verdict.COMPLETED,
     Verdict.FAILED,
     Verdict.TIMEOUT,
@@ -121,8 +121,7 @@ def _quick(outcome: Outcome, ctx: HostContext, kind: str) -> str | None:
 
 # A child that keeps the mark when it replaces itself with a fresh interpreter.
 _REEXEC = (
-    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', "
-    "sys.argv[1]])"
+    "os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(30)', sys.argv[1]])"
 )
 
 CASES: list[Case] = [
@@ -183,11 +182,7 @@ CASES: list[Case] = [
     ),
     Case(
         "setsid_escape_holding_pipes",
-        "import os, time\n"
-        "if os.fork() == 0:\n"
-        "    os.setsid()\n"
-        "    time.sleep(30)\n"
-        "print('bye')\n",
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('bye')\n",
         both(C),
         _quick,
     ),
@@ -203,17 +198,17 @@ CASES: list[Case] = [
     Case(
         "stdout_flood",
         "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
-        both(O),
+        both(OUT),
     ),
     Case(
         "stderr_flood",
         "import sys\nwhile True:\n    sys.stderr.write('y' * 65536)\n",
-        both(O),
+        both(OUT),
     ),
     Case(
         "flood_from_children",
         "import os\nfor _ in range(4):\n    os.fork()\nwhile True:\n    os.write(1, b'z' * 4096)\n",
-        both(O),
+        both(OUT),
     ),
     Case(
         "close_stdout_then_spin",

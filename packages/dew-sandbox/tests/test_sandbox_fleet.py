@@ -13,9 +13,16 @@ import threading
 import time
 
 import pytest
-from conftest import processes_with, sandbox_temp_dirs
+from sandbox_helpers import processes_with, sandbox_temp_dirs
 
-from dew.sandbox import ContainerRunner, Program, ProcessRunner, SandboxFleet, SandboxLimits, Verdict
+from dew.sandbox import (
+    ContainerRunner,
+    ProcessRunner,
+    Program,
+    SandboxFleet,
+    SandboxLimits,
+    Verdict,
+)
 
 LIMITS = SandboxLimits(cpu_seconds=2, deadline_seconds=20)
 

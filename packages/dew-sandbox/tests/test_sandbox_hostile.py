@@ -17,11 +17,10 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from conftest import processes_with, sandbox_temp_dirs
+from sandbox_helpers import processes_with, sandbox_temp_dirs
 from sandbox_hostile_cases import CASES, LIMITS, HostContext
 
 from dew.sandbox import ContainerRunner, ProcessRunner, SandboxFleet
-from dew.sandbox.launcher import live_processes_of_user
 from dew.sandbox.process_runner import DEFAULT_UID_BASE
 
 
@@ -61,7 +60,10 @@ def _sandbox_uid_processes() -> list[int]:
         except OSError:
             continue
         uid = int(fields["Uid"].split()[0])
-        if DEFAULT_UID_BASE <= uid < DEFAULT_UID_BASE + (1 << 24) and fields["State"].split()[0] != "Z":
+        if (
+            DEFAULT_UID_BASE <= uid < DEFAULT_UID_BASE + (1 << 24)
+            and fields["State"].split()[0] != "Z"
+        ):
             found.append(int(name))
     return found
 
@@ -74,7 +76,9 @@ def _run_suite(runner, kind: str, host: HostContext) -> None:
         by_name = {}
         for case in solo:
             by_name.update(zip([case.name], fleet.run([case.program(host)]), strict=True))
-        by_name.update(zip([c.name for c in rest], fleet.run([c.program(host) for c in rest]), strict=True))
+        by_name.update(
+            zip([c.name for c in rest], fleet.run([c.program(host) for c in rest]), strict=True)
+        )
         outcomes = [by_name[case.name] for case in CASES]
     escapes = []
     lines = [f"\nhostile suite, {kind} runner ({len(CASES)} programs):"]

@@ -106,7 +106,9 @@ def test_layout_and_alignment(sampled, objective, variables):
         assert chain[: len(context)].tolist() == context
         sampled_ids = chain[len(context) :]
         assert 1 <= sampled_ids.size <= R
-        assert (out["response_mask"][r][out["text_segment_ids"][r] == seg][len(context) :] == 1).all()
+        assert (
+            out["response_mask"][r][out["text_segment_ids"][r] == seg][len(context) :] == 1
+        ).all()
         if EOS in sampled_ids.tolist():
             assert sampled_ids[-1] == EOS and EOS not in sampled_ids[:-1].tolist()
     # old_log_probs are the raw policy's; a full forward pass over the packed rows agrees
@@ -114,7 +116,9 @@ def test_layout_and_alignment(sampled, objective, variables):
     mask = out["response_mask"] > 0
     np.testing.assert_allclose(out["old_log_probs"][mask], rescored[mask], atol=2e-5)
     # temperature 1 and no filters: the behavior distribution is the raw one
-    np.testing.assert_allclose(out["behavior_log_probs"][mask], out["old_log_probs"][mask], atol=1e-5)
+    np.testing.assert_allclose(
+        out["behavior_log_probs"][mask], out["old_log_probs"][mask], atol=1e-5
+    )
 
 
 def test_rewards_read_decoded_text_without_eos(sampled):

@@ -58,20 +58,28 @@ def gae(
     keep = keep_of(mask)
     decay = gamma * lam
 
+    # The carry holds the next value and the next advantage already multiplied by gamma
+    # and by gamma * lam. Each product is then rounded and stored before the next step adds
+    # it, so XLA cannot contract the product and the sum into one fused multiply-add,
+    # which rounds once where torch rounds twice.
     def step(
-        carry: tuple[jax.Array, jax.Array], inputs: tuple[jax.Array, jax.Array, jax.Array]
-    ) -> tuple[tuple[jax.Array, jax.Array], jax.Array]:
-        next_value, next_advantage = carry
+        carry: tuple[jax.Array, jax.Array, jax.Array],
+        inputs: tuple[jax.Array, jax.Array, jax.Array],
+    ) -> tuple[tuple[jax.Array, jax.Array, jax.Array], jax.Array]:
+        discounted_value, discounted_advantage, last_advantage = carry
         reward, value, kept = inputs
-        delta = reward + gamma * next_value - value
-        advantage = delta + decay * next_advantage
-        next_value = jnp.where(kept, value, next_value)
-        next_advantage = jnp.where(kept, advantage, next_advantage)
-        return (next_value, next_advantage), next_advantage
+        delta = reward + discounted_value - value
+        advantage = delta + discounted_advantage
+        discounted_value = jnp.where(kept, gamma * value, discounted_value)
+        discounted_advantage = jnp.where(kept, decay * advantage, discounted_advantage)
+        last_advantage = jnp.where(kept, advantage, last_advantage)
+        return (discounted_value, discounted_advantage, last_advantage), last_advantage
 
     batch = rewards.shape[0]
     zeros = jnp.zeros((batch,), dtype)
-    _, advantages = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, keep.T), reverse=True)
+    _, advantages = jax.lax.scan(
+        step, (zeros, zeros, zeros), (rewards.T, values.T, keep.T), reverse=True
+    )
     advantages = advantages.T
     returns = advantages + values
     return masked_whiten(advantages, mask), returns

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
-from dew.rl._masking import count_kept, eps_denominator, keep_of, select
+from dew.rl._masking import count_kept, divide, eps_denominator, keep_of, select
 
 
 def masked_mean(
@@ -34,4 +34,4 @@ def masked_mean(
     keep = keep_of(mask)
     total = jnp.sum(select(x, keep), axis=axis)
     count = count_kept(keep, axis=axis)
-    return total / eps_denominator(count, mask, x.dtype)
+    return divide(total, eps_denominator(count, mask), x.dtype)

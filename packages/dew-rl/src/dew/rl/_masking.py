@@ -40,10 +40,21 @@ def count_dtype(mask: jax.Array) -> jnp.dtype:
     return jnp.dtype(jnp.float32)
 
 
-def eps_denominator(count: jax.Array, mask: jax.Array, dtype: jnp.dtype) -> jax.Array:
-    """verl's ``count + 1e-8``, added in torch's dtype, then cast to ``dtype``."""
+def eps_denominator(count: jax.Array, mask: jax.Array) -> jax.Array:
+    """verl's ``count + 1e-8``, added in the dtype torch gives it (see :func:`count_dtype`)."""
     cdtype = count_dtype(mask)
-    return (count.astype(cdtype) + jnp.asarray(COUNT_EPS, cdtype)).astype(dtype)
+    return count.astype(cdtype) + jnp.asarray(COUNT_EPS, cdtype)
+
+
+def divide(numerator: jax.Array, denominator: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """``numerator / denominator`` rounded once into ``dtype``.
+
+    torch divides a bfloat16 or float16 tensor in float32 and rounds the quotient, without
+    first rounding a wider denominator (a count, say) to half precision; so does this.
+    float32 and float64 divide in their own dtype.
+    """
+    wide = at_least_float32(dtype)
+    return (numerator.astype(wide) / denominator.astype(wide)).astype(dtype)
 
 
 def clamp(x: jax.Array, low: float | None = None, high: float | None = None) -> jax.Array:

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from dew.rl._chains import broadcast_back, sequence_totals, token_keep
 from dew.rl._checks import require_float, require_rank, require_same_shape, require_segments
-from dew.rl._masking import count_dtype_for, keep_of, select
+from dew.rl._masking import count_dtype_for, divide, keep_of, select
 
 
 def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array) -> jax.Array:
@@ -42,5 +42,5 @@ def pooled_mean(x: jax.Array, keep: jax.Array, segments: jax.Array | None) -> ja
     keep = token_keep(keep, segments)
     totals, index = sequence_totals(select(x, keep), segments)
     counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
-    per_sequence = totals / jnp.maximum(counts, 1).astype(x.dtype)
+    per_sequence = divide(totals, jnp.maximum(counts, 1), x.dtype)
     return jnp.broadcast_to(broadcast_back(per_sequence, index), x.shape)

@@ -7,7 +7,15 @@ import jax.numpy as jnp
 
 from dew.rl._chains import sequence_totals, token_keep
 from dew.rl._checks import require_float, require_rank, require_same_shape, require_segments
-from dew.rl._masking import count_dtype_for, count_kept, eps_denominator, keep_of, select
+from dew.rl._masking import (
+    at_least_float32,
+    count_dtype_for,
+    count_kept,
+    divide,
+    eps_denominator,
+    keep_of,
+    select,
+)
 
 
 def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = None) -> jax.Array:
@@ -36,7 +44,7 @@ def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = No
     keep = token_keep(keep_of(mask), segments)
     totals, _ = sequence_totals(select(x, keep), segments)
     counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
-    per_sequence = totals / eps_denominator(counts, mask, x.dtype)
+    wide = at_least_float32(x.dtype)
+    per_sequence = divide(totals, eps_denominator(counts, mask), wide)
     present = counts > 0
-    n_sequences = count_kept(present).astype(x.dtype)
-    return jnp.sum(select(per_sequence, present)) / n_sequences
+    return divide(jnp.sum(select(per_sequence, present)), count_kept(present), x.dtype)

@@ -15,7 +15,7 @@ from dew.rl._checks import (
     require_same_shape,
     require_segments,
 )
-from dew.rl._masking import count_dtype_for, eps_denominator, keep_of, select
+from dew.rl._masking import count_dtype_for, divide, eps_denominator, keep_of, select
 from dew.rl._token_rejection_mask import log_band, rejection_k1
 
 
@@ -67,7 +67,7 @@ def sequence_rejection_mask(
     statistic, index = sequence_totals(k1, segments)
     if mean:
         counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
-        statistic = statistic / eps_denominator(counts, mask, k1.dtype)
+        statistic = divide(statistic, eps_denominator(counts, mask), k1.dtype)
     passed = (statistic >= log_low) & (statistic <= log_high)
     passed = jnp.broadcast_to(broadcast_back(passed, index), mask.shape) & (
         keep if segments is not None else jnp.ones(mask.shape, jnp.bool_)

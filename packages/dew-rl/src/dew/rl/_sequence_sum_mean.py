@@ -7,7 +7,7 @@ import jax.numpy as jnp
 
 from dew.rl._chains import sequence_totals, token_keep
 from dew.rl._checks import require_float, require_rank, require_same_shape, require_segments
-from dew.rl._masking import count_dtype_for, count_kept, keep_of, select
+from dew.rl._masking import at_least_float32, count_dtype_for, count_kept, keep_of, select
 
 
 def sequence_sum_mean(
@@ -33,14 +33,14 @@ def sequence_sum_mean(
     require_same_shape("mask", mask, "x", x)
     if segments is not None:
         require_segments(segments, "x", x)
-    return summed_sequences(x, keep_of(mask), segments)
+    return summed_sequences(x, keep_of(mask), segments).astype(x.dtype)
 
 
 def summed_sequences(x: jax.Array, keep: jax.Array, segments: jax.Array | None) -> jax.Array:
-    """Mean over non-empty sequences of their masked sums (shared with the -norm form)."""
+    """Mean over non-empty sequences of their masked sums, in at least float32."""
     keep = token_keep(keep, segments)
     totals, _ = sequence_totals(select(x, keep), segments)
     counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
     present = counts > 0
-    n_sequences = count_kept(present).astype(x.dtype)
-    return jnp.sum(select(totals, present)) / n_sequences
+    totals = totals.astype(at_least_float32(x.dtype))
+    return jnp.sum(select(totals, present)) / count_kept(present).astype(totals.dtype)

@@ -44,4 +44,4 @@ def sequence_sum_norm(
     elif isinstance(norm, int | float) and norm <= 0:
         raise ValueError(f"norm: expected a positive divisor, got {norm}")
     loss = summed_sequences(x, keep_of(mask), segments)
-    return loss / jnp.asarray(norm, dtype=x.dtype)
+    return (loss / jnp.asarray(norm, dtype=loss.dtype)).astype(x.dtype)

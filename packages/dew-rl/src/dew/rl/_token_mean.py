@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
-from dew.rl._masking import count_kept, keep_of, select
+from dew.rl._masking import count_kept, divide, keep_of, select
 
 
 def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -29,5 +29,4 @@ def token_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
     require_same_shape("mask", mask, "x", x)
     keep = keep_of(mask)
     total = jnp.sum(select(x, keep))
-    count = count_kept(keep).astype(x.dtype)
-    return total / count
+    return divide(total, count_kept(keep), x.dtype)

@@ -36,7 +36,6 @@ from typing import Any
 
 import docker
 import docker.errors
-import requests.exceptions
 from docker.types import LogConfig, Ulimit
 
 from dew.sandbox.launcher import SandboxCancelled, new_marker, sandbox_environment
@@ -62,7 +61,7 @@ def engine_unavailable_reason(image: str | None = None, base_url: str | None = N
     """None when an engine answers (and holds ``image``, if given); otherwise why not."""
     host = base_url or os.environ.get("DOCKER_HOST")
     if not host:
-        return "no container engine: DOCKER_HOST is unset (source tools/ci/container_engine.sh)"
+        return "no container engine: DOCKER_HOST is unset"
     try:
         client = _client(base_url)
     except docker.errors.DockerException as error:
@@ -73,7 +72,7 @@ def engine_unavailable_reason(image: str | None = None, base_url: str | None = N
             client.images.get(image)
     except docker.errors.ImageNotFound:
         return f"container engine at {host} has no image {image!r}"
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as error:
+    except (docker.errors.DockerException, OSError) as error:
         return f"no container engine: DOCKER_HOST={host} unreachable: {error}"
     finally:
         client.close()
@@ -231,7 +230,7 @@ class ContainerRunner:
                         # Kill from another thread and keep draining: the engine waits
                         # for the attach stream to be read before the kill completes.
                         threading.Thread(target=self._kill, args=(name,), daemon=True).start()
-            except (OSError, ValueError, requests.exceptions.RequestException):
+            except (OSError, ValueError):
                 pass  # the stream is closed under us when the container is killed
 
         reader = threading.Thread(target=read, name=f"{name}-output", daemon=True)
@@ -269,7 +268,7 @@ class ContainerRunner:
                 try:  # the stream ended early (the program closed its outputs): ask
                     result = api.wait(name, timeout=max(0.1, min(1.0, deadline - now)))
                     status = int(result["StatusCode"])
-                except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                except OSError:  # the SDK's read timeout (a requests error, an OSError)
                     continue
             if status is None:
                 self._kill(name)
@@ -287,9 +286,7 @@ class ContainerRunner:
         return Outcome(verdict, code, bytes(out), bytes(err), seconds)
 
     def _kill(self, name: str) -> None:
-        with contextlib.suppress(
-            docker.errors.DockerException, requests.exceptions.RequestException
-        ):
+        with contextlib.suppress(docker.errors.DockerException, OSError):
             self._client.api.kill(name, signal="SIGKILL")
 
     def _remove(self, name: str) -> None:

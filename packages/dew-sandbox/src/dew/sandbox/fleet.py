@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Iterable
 from types import TracebackType
@@ -84,9 +85,13 @@ class SandboxFleet:
             return [future.result() for future in futures]
         except BaseException:
             given_up.set()
+            # Drop what has not started; wait for the running ones to kill and clean up.
+            # (concurrent.futures.wait would hang on futures that close() cancelled:
+            # they never reach the "cancelled and notified" state it waits for.)
             for future in futures:
-                future.cancel()
-            concurrent.futures.wait(futures)
+                if not future.cancel():
+                    with contextlib.suppress(concurrent.futures.CancelledError):
+                        future.exception()
             if self._closing.is_set():
                 raise RuntimeError("SandboxFleet.run: the fleet was closed") from None
             raise

@@ -41,7 +41,8 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome, Verdict
@@ -177,7 +178,11 @@ def _kill_all_as(uid: int) -> None:
     the kernel's task-list lock, so a forking program cannot outrun it. Linux returns 0
     whenever any other process exists, so the caller checks /proc for survivors.
     """
-    pid = os.fork()
+    with warnings.catch_warnings():
+        # Python 3.12+ warns about fork() in a threaded process; the child below makes
+        # four system calls and exits, touching no lock another thread could hold.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:  # pragma: no cover - child; only plain system calls
         code = 0
         try:
@@ -197,13 +202,15 @@ def kill_user(uid: int, timeout: float = 5.0) -> bool:
     Zombies are not counted: they hold no resources and go when their parent reaps them.
     """
     end = time.monotonic() + timeout
-    while True:
+    # /proc lists pids in increasing order and a child gets a higher pid than its
+    # parent, so a scan that finds nothing saw every process (short of pid wrap-around).
+    # Most programs leave nothing, and then no helper is forked.
+    while live_processes_of_user(uid):
         _kill_all_as(uid)
-        if not live_processes_of_user(uid):
-            return True
         if time.monotonic() > end:
-            return False
-        time.sleep(0.005)
+            return not live_processes_of_user(uid)
+        time.sleep(0.002)
+    return True
 
 
 def _pidfd(pid: int) -> int | None:
@@ -237,7 +244,7 @@ def _failed_to_start(error: OSError, started: float) -> Outcome:
 
 
 def launch(
-    argv: tuple[str, ...] | list[str],
+    argv: Sequence[str],
     *,
     cwd: str,
     stdin: bytes,
@@ -362,9 +369,9 @@ def launch(
             # Whatever ended the loop, the whole group goes now (the leader is still
             # unreaped, so the group id cannot have been reused).
             _kill_group(proc.pid)
-            if own_user:
+            if own_user and open_outputs:
                 assert uid is not None
-                _kill_all_as(uid)  # one sweep now; checked once the leader is reaped
+                kill_user(uid)  # escapees holding the pipes would stall the drain
             # Drain what the program wrote before it ended; a writer that escaped the
             # kill could hold a pipe open, so bound the wait.
             drain_end = time.monotonic() + 1.0

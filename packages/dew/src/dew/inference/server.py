@@ -123,7 +123,9 @@ def _admit_program(model: CausalTransformer, sampling: Sampling, capacity: int) 
     return admit
 
 
-def _decode_program(model: CausalTransformer, sampling: Sampling, steps: int, k: int) -> Callable:
+def _decode_program(
+    model: CausalTransformer, sampling: Sampling, steps: int, k: int, window: int
+) -> Callable:
     def decode(variables, cache, tok, live, count, budgets, keys):
         s = tok.shape[0]
         ids = jnp.zeros((s, steps), jnp.int32)
@@ -139,7 +141,7 @@ def _decode_program(model: CausalTransformer, sampling: Sampling, steps: int, k:
 
         def body(state):
             j, cache, tok, live, count, eos, ids, raw, beh, made, sup = state
-            logits, cache = model.apply(variables, tok, cache, live, method="decode")
+            logits, cache = model.apply(variables, tok, cache, live, window, method="decode")
             out = _row_draw(logits, keys, count, sampling)
             col = (0, j)
             ids = jax.lax.dynamic_update_slice(ids, jnp.where(live, out.ids, 0)[:, None], col)
@@ -171,6 +173,9 @@ class Server:
     for every request. dtype: served compute dtype (default: the model's);
     floating weights are cast to it. steps_per_call: decode steps per compiled
     call between scheduling rounds. min_bucket: smallest padded prompt width.
+    min_window: smallest attention window of a decode program; decode attends
+    over the first `window` cache slots (a power of two covering the longest
+    live row, or the capacity), so a large capacity costs nothing until used.
     version: the weights version of `variables`.
     """
 
@@ -185,6 +190,7 @@ class Server:
         dtype: Any = None,
         steps_per_call: int = 8,
         min_bucket: int = 16,
+        min_window: int = 128,
         version: int = 0,
         seed: int = 0,
     ) -> None:
@@ -219,6 +225,8 @@ class Server:
         self._live = np.zeros(slots, bool)
         self._count = np.zeros(slots, np.int32)
         self._budget = np.ones(slots, np.int32)
+        self._prompt_len = np.zeros(slots, np.int32)
+        self.min_window = min_window
         self._key_width = int(jax.random.key_data(jax.random.key(0)).shape[-1])
         self._keys = np.zeros((slots, self._key_width), np.uint32)
         self._callbacks: dict[int, Callable[[Completion], None]] = {}
@@ -407,6 +415,7 @@ class Server:
             )
             self._tok[slot] = out.ids[i]
             self._count[slot] = 1
+            self._prompt_len[slot] = request.prompt.shape[0]
             self._budget[slot] = request.budget
             self._keys[slot] = request.key
             self._live[slot] = not eos[i] and request.budget > 1
@@ -414,6 +423,10 @@ class Server:
                 self._finish(slot, "eos" if eos[i] else "length", finished)
 
     def _decode(self, finished: list[Completion]) -> None:
+        # Attend over a bucketed window that covers every live row for the whole call.
+        fed = self._prompt_len + self._count - 1
+        longest = int(fed[self._live].max()) + self.steps_per_call
+        window = bucket(longest, self.min_window, self.capacity)
         args = (
             self.variables,
             self._cache,
@@ -424,8 +437,10 @@ class Server:
             self._keys.copy(),
         )
         program = self.programs.get(
-            ("decode", self._signature),
-            lambda: _decode_program(self.model, self.sampling, self.steps_per_call, self._k),
+            ("decode", window, self._signature),
+            lambda: _decode_program(
+                self.model, self.sampling, self.steps_per_call, self._k, window
+            ),
             args,
             donate_argnums=(1,),
         )

@@ -216,7 +216,11 @@ class CausalTransformer(nn.Module):
         return logits, KVCache(tuple(keys), tuple(values), lengths)
 
     def decode(
-        self, tokens: jax.Array, cache: KVCache, active: jax.Array | None = None
+        self,
+        tokens: jax.Array,
+        cache: KVCache,
+        active: jax.Array | None = None,
+        window: int | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Feed one token per row. tokens int `[B]`, active bool `[B]` (default all).
 
@@ -224,7 +228,8 @@ class CausalTransformer(nn.Module):
         rotary position `lengths[b]`, and grow by one; inactive rows leave
         their cache and length untouched. Returns float32 logits `[B, V]`.
         Writing past the capacity is dropped, so callers keep
-        `lengths < capacity` for active rows.
+        `lengths < capacity` for active rows. window (static int): attend over the
+        first `window` slots only; callers keep `lengths < window` for active rows.
         """
         _check_ids("tokens", tokens, 1)
         b = tokens.shape[0]
@@ -235,7 +240,7 @@ class CausalTransformer(nn.Module):
         x = self.embed_tokens(tokens.astype(jnp.int32)[:, None])
         keys, values = [], []
         for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
-            x, k_cache, v_cache = layer.decode(x, cos, sin, k_cache, v_cache, slot, active)
+            x, k_cache, v_cache = layer.decode(x, cos, sin, k_cache, v_cache, slot, active, window)
             keys.append(k_cache)
             values.append(v_cache)
         logits = self.logits_from_hidden(self.norm(x)[:, 0])

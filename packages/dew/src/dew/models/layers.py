@@ -123,28 +123,38 @@ class Attention(nn.Module):
         v_cache: jax.Array,
         slot: jax.Array,
         active: jax.Array,
+        window: int | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """One token per row. x `[B, 1, D]`, caches `[B, KVH, S, Dh]`, slot `[B]` int32
         (where the new key goes; also the number of keys before it), active bool `[B]`.
 
-        Rows with `active` false keep their cache bit for bit.
+        Rows with `active` false keep their cache bit for bit. window (static): attend
+        only over the first `window` slots, which must cover every active row's
+        `slot`; it saves reading the unused tail of a large cache.
         """
+        cfg = self.config
         b = x.shape[0]
         rows = jnp.arange(b)
         q, k, v = self._project(x, cos, sin)
-        k_new = jnp.where(
-            active[:, None, None], k[:, 0].astype(k_cache.dtype), k_cache[rows, :, slot]
-        )
-        v_new = jnp.where(
-            active[:, None, None], v[:, 0].astype(v_cache.dtype), v_cache[rows, :, slot]
-        )
+        old_k = k_cache[rows, :, slot]
+        old_v = v_cache[rows, :, slot]
+        k_new = jnp.where(active[:, None, None], k[:, 0].astype(k_cache.dtype), old_k)
+        v_new = jnp.where(active[:, None, None], v[:, 0].astype(v_cache.dtype), old_v)
         k_cache = k_cache.at[rows, :, slot].set(k_new, mode="drop")
         v_cache = v_cache.at[rows, :, slot].set(v_new, mode="drop")
-        scores = self._scores(q, k_cache)  # [B, KVH, G, 1, S]
-        visible = jnp.arange(k_cache.shape[2])[None, :] <= slot[:, None]
-        scores = jnp.where(visible[:, None, None, None, :], scores, NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1)
-        return self._output(probs, v_cache, b, 1), k_cache, v_cache
+        keys, values = k_cache, v_cache
+        if window is not None and window < k_cache.shape[2]:
+            keys, values = k_cache[:, :, :window], v_cache[:, :, :window]
+        dh = cfg.width_per_head
+        groups = cfg.num_heads // cfg.kv_heads
+        q = q.reshape(b, cfg.kv_heads, groups, dh)
+        scores = jnp.einsum("bkgd,bksd->bkgs", q, keys, preferred_element_type=jnp.float32)
+        scores = scores * (dh**-0.5)
+        visible = jnp.arange(keys.shape[2])[None, :] <= slot[:, None]
+        scores = jnp.where(visible[:, None, None, :], scores, NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bkgs,bksd->bkgd", probs, values)
+        return self.o_proj(out.reshape(b, 1, -1)), k_cache, v_cache
 
 
 class SwiGLU(nn.Module):
@@ -188,9 +198,10 @@ class DecoderLayer(nn.Module):
         v_cache: jax.Array,
         slot: jax.Array,
         active: jax.Array,
+        window: int | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         attn, k_cache, v_cache = self.self_attn.decode(
-            self.input_layernorm(x), cos, sin, k_cache, v_cache, slot, active
+            self.input_layernorm(x), cos, sin, k_cache, v_cache, slot, active, window
         )
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), k_cache, v_cache

@@ -60,16 +60,23 @@ def global_batch(local: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
     """Assemble each process's rows into global arrays sharded over ``"data"``.
 
     ``local[name]`` is ``[b, ...]`` on every process; the global array is ``[b * P, ...]`` with
-    process ``p``'s rows at ``p * b``. ``b * P`` must divide by the number of devices.
+    process ``p``'s rows at ``p * b``, split over the devices. A single process whose row count
+    does not divide by the number of devices gets its batch replicated on every device (correct,
+    but without data parallelism); several processes must give divisible row counts. Scalars
+    (0-d values) are replicated.
     """
     sharding = batch_sharding(mesh)
     out = {}
     for name, value in local.items():
         arr = np.asarray(value)
         if arr.ndim == 0:
-            raise ValueError(f"batch[{name!r}]: expected a leading batch axis, got a scalar")
+            out[name] = jax.device_put(arr, replicated(mesh))
+            continue
         rows = arr.shape[0] * jax.process_count()
         if rows % mesh.size:
+            if jax.process_count() == 1:
+                out[name] = jax.device_put(arr, replicated(mesh))
+                continue
             raise ValueError(
                 f"batch[{name!r}]: {rows} global rows do not split over {mesh.size} devices"
             )

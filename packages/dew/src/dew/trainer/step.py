@@ -31,12 +31,17 @@ Metrics = dict[str, jax.Array]
 
 
 def _split_microbatches(batch: dict[str, jax.Array], k: int) -> dict[str, jax.Array]:
-    def one(x: jax.Array) -> jax.Array:
+    """``[B, ...]`` -> ``[k, B / k, ...]``, row ``r`` in microbatch ``r % k`` (0-d left out)."""
+
+    def one(path: Any, x: jax.Array) -> jax.Array:
         if x.shape[0] % k:
-            raise ValueError(f"batch rows {x.shape[0]} do not split into {k} microbatches")
+            raise ValueError(
+                f"batch{jax.tree_util.keystr(path)}: {x.shape[0]} rows do not split into "
+                f"{k} microbatches"
+            )
         return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
 
-    return jax.tree.map(one, batch)
+    return jax.tree_util.tree_map_with_path(one, batch)
 
 
 def make_step(
@@ -72,14 +77,15 @@ def make_step(
         if k == 1:
             ls, w, msum, gsum = grad_one(batch, step_key)
         else:
-            mbs = _split_microbatches(batch, k)
-            first = jax.tree.map(lambda x: x[0], mbs)
+            shared = {n: v for n, v in batch.items() if jnp.ndim(v) == 0}
+            mbs = _split_microbatches({n: v for n, v in batch.items() if n not in shared}, k)
+            first = {**jax.tree.map(lambda x: x[0], mbs), **shared}
             shapes = jax.eval_shape(grad_one, first, step_key)
             zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
             def body(carry, xs):
                 mb, i = xs
-                out = grad_one(mb, jax.random.fold_in(step_key, i))
+                out = grad_one({**mb, **shared}, jax.random.fold_in(step_key, i))
                 return jax.tree.map(jnp.add, carry, out), None
 
             (ls, w, msum, gsum), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(k)))

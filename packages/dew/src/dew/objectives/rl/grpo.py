@@ -253,15 +253,15 @@ def policy_loss_from_log_probs(
             metrics["mask/behavior_band"] = masked_mean(outside.astype(jnp.float32), mask)
         elif behavior_importance is not None:
             weights = behavior_importance_weights(proximal, behavior, mask, behavior_importance)
-        for name, band, mean in (
+        for name, bounds, mean in (
             ("sequence", sequence_mask, False),
             ("geometric", geometric_mask, True),
         ):
-            if band is None:
+            if bounds is None:
                 continue
             kept = (
                 sequence_rejection_mask(
-                    proximal, behavior, mask, band[0], band[1], mean=mean, segments=segments
+                    proximal, behavior, mask, bounds[0], bounds[1], mean=mean, segments=segments
                 )
                 > 0
             )

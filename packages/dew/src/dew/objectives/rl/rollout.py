@@ -174,7 +174,8 @@ class SampledRollout:
         repeated = [c for c in contexts for _ in range(self.groups)]
         start = time.perf_counter()
         self.generation.bind(variables)
-        drawn = self.generation(repeated, self.max_new_tokens, key, self.sampling)
+        drawn = self.generation(list(repeated), self.max_new_tokens, key, self.sampling)  # type: ignore[arg-type]
+        assert isinstance(drawn, list)
         timings["generation"] = time.perf_counter() - start
 
         start = time.perf_counter()

@@ -1,0 +1,241 @@
+"""GRPOObjective: scoring packed chains, options, metrics and refusals."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import dew.models
+from dew.objectives.rl.grpo import GRPOObjective, policy_loss_from_log_probs
+from dew.objectives.rl.sessions import Call, Session, pack
+
+VOCAB = 13
+W = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    return dew.models.build(
+        "causal_transformer",
+        vocab_size=VOCAB,
+        emb_features=16,
+        num_layers=1,
+        num_heads=2,
+        mlp_features=32,
+        max_seq_len=W,
+        init_std=0.5,
+    )
+
+
+@pytest.fixture(scope="module")
+def variables(model):
+    return model.init(jax.random.key(0), jnp.zeros((1, W), jnp.int32))
+
+
+def session(prompt, sampled, reward, task=0, raw=True):
+    return Session(
+        task=task,
+        calls=[
+            Call(
+                prompt_ids=prompt,
+                sampled_ids=sampled,
+                behavior_log_probs=[-1.0] * len(sampled),
+                raw_log_probs=[-1.1] * len(sampled) if raw else None,
+            )
+        ],
+        reward=reward,
+    )
+
+
+@pytest.fixture(scope="module")
+def batch():
+    sessions = [
+        session([1, 2], [3, 4, 5], 1.0),
+        session([6], [7, 8], 0.0),
+        session([9, 10, 11], [12], 0.5),
+        session([2, 3], [4], 0.0),
+    ]
+    return pack(sessions, W)
+
+
+def test_packed_log_probs_score_each_chain_alone(model, variables, batch):
+    objective = GRPOObjective(model, seq_len=W - 1)
+    packed = np.asarray(objective.packed_log_probs(variables, batch))
+    assert packed.shape == batch["input_ids"].shape
+    for r in range(batch["input_ids"].shape[0]):
+        seg = batch["text_segment_ids"][r]
+        for s in np.unique(seg[seg > 0]):
+            cols = np.flatnonzero(seg == s)
+            ids = batch["input_ids"][r, cols]
+            logits = model.apply(variables, jnp.asarray(ids[None]))[0]
+            expected = jax.nn.log_softmax(logits, axis=-1)[np.arange(ids.size - 1), ids[1:]]
+            np.testing.assert_allclose(packed[r, cols[1:]], expected, atol=1e-5)
+            assert packed[r, cols[0]] == 0.0  # a chain's first id has no prediction
+    assert (packed[batch["text_segment_ids"] == 0] == 0).all()
+
+
+def test_temperature_and_support_scoring(model, variables):
+    batch = pack([session([1, 2], [3, 4], 1.0), session([5], [6], 0.0)], W)
+    batch = dict(batch)
+    # support: column of each sampled id, kept ids {sampled, two others}
+    assert batch["input_ids"].shape[0] == 1  # both chains share the row
+    cols = np.flatnonzero(batch["session_index"][0] == 0)
+    ids = batch["input_ids"][0, cols]
+    support_ids = np.full((1, 16), -1, np.int32)
+    support_cols = np.full((1, 16), -1, np.int32)
+    kept = {
+        c: sorted({int(i), (int(i) + 1) % VOCAB, (int(i) + 5) % VOCAB}) for c, i in zip(cols, ids)
+    }
+    at = 0
+    for c, group in kept.items():
+        support_ids[0, at : at + len(group)] = group
+        support_cols[0, at : at + len(group)] = c
+        at += len(group)
+    batch["support_ids"], batch["support_columns"] = support_ids, support_cols
+    objective = GRPOObjective(model, seq_len=W - 1, sampling_temperature=0.5)
+    scored = np.asarray(objective.packed_log_probs(variables, batch))
+    logits = np.asarray(
+        model.apply(
+            variables,
+            jnp.asarray(batch["input_ids"][:, :-1]),
+            segment_ids=jnp.asarray(batch["text_segment_ids"][:, :-1]),
+            positions=jnp.asarray(batch["text_positions"][:, :-1]),
+        )
+    )
+    for c, group in kept.items():
+        z = logits[0, c - 1] / 0.5
+        expected = z[batch["input_ids"][0, c]] - np.log(np.exp(z[group]).sum())
+        assert scored[0, c] == pytest.approx(expected, abs=1e-5)
+    # a column without support falls back to the tempered full softmax
+    (c,) = np.flatnonzero(batch["session_index"][0] == 1)
+    z = logits[0, c - 1] / 0.5
+    full = z[batch["input_ids"][0, c]] - np.log(np.exp(z).sum())
+    assert scored[0, c] == pytest.approx(full, abs=1e-5)
+
+
+def test_init_uses_pretrained_and_ema_rules(model, variables):
+    assert GRPOObjective(model, seq_len=W - 1).ema_decay is None
+    frozen = GRPOObjective(model, seq_len=W - 1, beta=0.1, pretrained=variables)
+    assert frozen.ema_decay == 1.0
+    assert frozen.init(jax.random.key(9))["params"] is variables["params"]
+    fresh = GRPOObjective(model, seq_len=W - 1).init(jax.random.key(1))
+    assert jax.tree.structure(fresh) == jax.tree.structure(variables)
+    GRPOObjective(model, seq_len=W - 1, beta=0.1, ema_decay=1.0)
+    with pytest.raises(ValueError, match="ema_decay"):
+        GRPOObjective(model, seq_len=W - 1, beta=0.1, ema_decay=0.99)
+    with pytest.raises(ValueError, match="ema_decay"):
+        GRPOObjective(model, seq_len=W - 1, ema_decay=0.99)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"seq_len": 0}, "seq_len"),
+        ({"beta": -0.1}, "beta"),
+        ({"beta": math.nan}, "beta"),
+        ({"epsilon_low": -1}, "epsilon_low"),
+        ({"dual_clip": 1.0}, "dual_clip"),
+        ({"policy_loss": "ppo2"}, "policy_loss"),
+        ({"aggregation": "seq-mean"}, "aggregation"),
+        ({"behavior_importance": -2.0}, "behavior_importance"),
+        ({"behavior_importance": (2.0, 1.0)}, "behavior_importance"),
+        ({"behavior_importance": True}, "behavior_importance"),
+        ({"sequence_mask": (0.0, 2.0)}, "sequence_mask"),
+        ({"geometric_mask": "wide"}, "geometric_mask"),
+        ({"sampling_temperature": 0.0}, "sampling_temperature"),
+        ({"pretrained": {"weights": 1}}, "pretrained"),
+    ],
+)
+def test_bad_options_raise(model, kwargs, match):
+    options = {"seq_len": W - 1, **kwargs}
+    with pytest.raises((TypeError, ValueError), match=match):
+        GRPOObjective(model, **options)
+
+
+def test_bad_batches_raise(model, variables, batch):
+    objective = GRPOObjective(model, seq_len=W - 2)
+    with pytest.raises(ValueError, match="input_ids"):
+        objective.packed_log_probs(variables, batch)
+    lp = jnp.zeros(batch["input_ids"].shape)
+    bypass = {k: v for k, v in batch.items() if k != "old_log_probs"}
+    with pytest.raises(ValueError, match="TIS cap"):
+        policy_loss_from_log_probs(lp, bypass, behavior_importance=2.0)
+    no_behavior = {k: v for k, v in bypass.items() if k != "behavior_log_probs"}
+    with pytest.raises(KeyError, match="behavior_log_probs"):
+        policy_loss_from_log_probs(lp, no_behavior)
+    decoupled = {k: v for k, v in batch.items() if k != "behavior_log_probs"}
+    with pytest.raises(KeyError, match="behavior_log_probs"):
+        policy_loss_from_log_probs(lp, decoupled, sequence_mask=(0.5, 2.0))
+    policy_loss_from_log_probs(lp, decoupled)  # no correction: behavior not needed
+    misaligned = dict(batch, advantages=batch["advantages"][:, :-1])
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss_from_log_probs(lp, misaligned)
+    with pytest.raises(ValueError, match="ref_log_probs"):
+        policy_loss_from_log_probs(lp, batch, beta=0.1)
+    with pytest.raises(ValueError, match="reference"):
+        GRPOObjective(model, seq_len=W - 1, beta=0.1).loss(variables, batch, jax.random.key(0))
+
+
+def test_on_policy_loss_is_minus_mean_advantage_and_metrics(model, variables, batch):
+    objective = GRPOObjective(model, seq_len=W - 1, beta=0.2)
+    lp = objective.packed_log_probs(variables, batch)
+    on_policy = dict(batch, old_log_probs=np.asarray(lp), behavior_log_probs=np.asarray(lp))
+    loss_sum, weight, metrics = objective.loss(variables, on_policy, jax.random.key(0), variables)
+    mask = batch["response_mask"] > 0
+    assert float(weight) == mask.sum()
+    assert float(loss_sum) / float(weight) == pytest.approx(
+        -batch["advantages"][mask].mean(), abs=1e-6
+    )
+    assert float(metrics["kl/reference"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(metrics["mismatch/kl"]) == pytest.approx(0.0, abs=1e-7)
+    assert float(metrics["mismatch/ess"]) == pytest.approx(1.0, abs=1e-6)
+    assert float(metrics["policy/clip_fraction"]) == 0.0
+
+
+def test_masks_report_what_they_remove(batch):
+    lp = jnp.asarray(np.where(batch["response_mask"] > 0, -1.0, 0.0), jnp.float32)
+    drifted = dict(batch)
+    behavior = np.where(batch["response_mask"] > 0, -1.0, 0.0).astype(np.float32)
+    behavior[batch["session_index"] == 0] = -3.0  # session 0 sampled far below the trainer
+    drifted["behavior_log_probs"] = behavior
+    drifted["old_log_probs"] = np.asarray(lp)
+    share = (batch["session_index"] == 0).sum() / (batch["response_mask"] > 0).sum()
+    _, weight, metrics = policy_loss_from_log_probs(lp, drifted, sequence_mask=(0.5, 2.0))
+    assert float(metrics["mask/sequence"]) == pytest.approx(share)
+    assert float(weight) == (batch["response_mask"] > 0).sum() - (batch["session_index"] == 0).sum()
+    _, weight, metrics = policy_loss_from_log_probs(lp, drifted, behavior_importance=(0.5, 2.0))
+    assert float(metrics["mask/behavior_band"]) == pytest.approx(share)
+    assert float(weight) == (batch["response_mask"] > 0).sum()  # IcePop zeroes weights only
+    bypass = {k: v for k, v in drifted.items() if k != "old_log_probs"}
+    _, weight, metrics = policy_loss_from_log_probs(lp, bypass, behavior_importance=(0.5, 2.0))
+    assert float(metrics["mask/behavior_band"]) == pytest.approx(share)
+    assert float(weight) == (batch["response_mask"] > 0).sum() - (batch["session_index"] == 0).sum()
+
+
+def test_session_mean_counts_sessions(batch):
+    lp = jnp.asarray(np.where(batch["response_mask"] > 0, -1.1, 0.0), jnp.float32)
+    loss_sum, weight, _ = policy_loss_from_log_probs(lp, batch, aggregation="session-mean")
+    assert float(weight) == 4.0
+    # ratio 1: each session's token mean is minus its advantage
+    per_session = [-batch["advantages"][batch["session_index"] == i][0] for i in range(4)]
+    assert float(loss_sum) == pytest.approx(sum(per_session), abs=1e-5)
+
+
+def test_evaluate_scores_prompt_transitions(model, variables):
+    objective = GRPOObjective(model, seq_len=W - 1)
+    prompt = np.array([[0, 0, 3, 4, 5], [1, 2, 3, 4, 5]], np.int32)
+    lengths = np.array([3, 5], np.int32)
+    out = objective.evaluate(variables, {"prompt": prompt, "prompt_length": lengths}, None)
+    assert float(out["weight"]) == 2 + 4
+    nll = 0.0
+    for row, n in zip(prompt, lengths):
+        ids = row[len(row) - n :]
+        logits = model.apply(variables, jnp.asarray(ids[None]))[0]
+        nll -= float(jax.nn.log_softmax(logits)[np.arange(n - 1), ids[1:]].sum())
+    assert float(out["loss"]) == pytest.approx(nll, rel=1e-5)
+    summary = GRPOObjective.summarize_evaluation({"loss": float(out["loss"]), "weight": 6.0})
+    assert summary["perplexity"] == pytest.approx(math.exp(nll / 6), rel=1e-5)
