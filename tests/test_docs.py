@@ -1,7 +1,9 @@
 """Every ``python`` code block in ``docs/`` runs, so the guides cannot drift from the code.
 
-Each Markdown page's ```` ```python ```` blocks are executed in order, in one namespace, in a
-fresh Python subprocess on CPU whose working directory is a temporary directory. A block whose
+Each Markdown page's ```` ```python ```` blocks are executed in order, in one namespace of
+their own, with a temporary working directory of their own. All pages run one after another in
+a single fresh Python subprocess on CPU with JAX's default settings (one interpreter, so JAX is
+imported once, not once a page); a failing block stops its page, not the others. A block whose
 info string carries ``title="not run: <reason>"`` is shown on the site but skipped here; use
 it only for code that cannot run on a CPU-only machine without network (a GPU cluster, a Hub
 download), and give the reason. Blocks in other languages (``bash``, ``text``, ``yaml``) are
@@ -28,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: The info-string marker of a block that is displayed but not executed.
 NOT_RUN = 'title="not run'
-#: Seconds one page may take (tiny shapes; generous because CI machines are shared).
-PAGE_TIMEOUT = 300
+#: Seconds all pages together may take (tiny shapes; generous because CI machines are shared).
+RUN_TIMEOUT = 900
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$")
 
@@ -100,26 +102,67 @@ def pages() -> list[Path]:
     return found
 
 
-# Runs in the subprocess: reads the blocks as JSON on stdin, executes them in one namespace.
+# Runs in the subprocess. Reads ``[pages, results_path]`` as JSON on stdin; each page is a
+# ``{"page", "workdir", "blocks"}`` entry. Every page gets a fresh namespace and its own working
+# directory; its blocks run in order until one raises. The results file is rewritten after each
+# page, so a run that dies part way still reports the pages it finished.
 _DRIVER = """
-import json, sys, traceback
-blocks = json.load(sys.stdin)
-namespace = {"__name__": "__main__"}
-for block in blocks:
-    source = "\\n" * (block["line"] - 1) + block["code"]
-    print(f"--- running {block['page']}:{block['line']}", flush=True)
-    try:
-        exec(compile(source, block["page"], "exec"), namespace)
-    except BaseException:
-        traceback.print_exc()
-        print(f"FAILED: block at {block['page']}:{block['line']}", file=sys.stderr, flush=True)
-        sys.exit(1)
-print("ALL BLOCKS PASSED", flush=True)
+import json, os, sys, time, traceback
+pages, results_path = json.load(sys.stdin)
+results = {}
+for entry in pages:
+    page = entry["page"]
+    os.chdir(entry["workdir"])
+    namespace = {"__name__": "__main__"}
+    result = {"ok": True, "line": None, "error": "", "seconds": 0.0}
+    started = time.perf_counter()
+    for block in entry["blocks"]:
+        source = "\\n" * (block["line"] - 1) + block["code"]
+        print(f"--- running {page}:{block['line']}", flush=True)
+        try:
+            exec(compile(source, page, "exec"), namespace)
+        except BaseException:
+            text = traceback.format_exc()
+            print(text, file=sys.stderr, flush=True)
+            print(f"FAILED: block at {page}:{block['line']}", file=sys.stderr, flush=True)
+            result.update(ok=False, line=block["line"], error=text)
+            break
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    results[page] = result
+    with open(results_path, "w") as f:
+        json.dump(results, f)
 """
 
 
-def run_blocks(blocks: list[Block], workdir: Path) -> subprocess.CompletedProcess[str]:
-    """Execute the runnable blocks in order in one fresh interpreter, in ``workdir``."""
+@dataclass(frozen=True)
+class Run:
+    """What one driver run produced: per-page results plus the process's own output."""
+
+    results: dict[str, dict[str, object]]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def failure(self, page: str) -> str | None:
+        """None when ``page`` passed, else a message with its traceback or why it has none."""
+        result = self.results.get(page)
+        if result is None:
+            return (
+                f"{page}: no result; the driver exited with {self.returncode} before finishing it"
+                f"\n{self.stdout[-2000:]}\n{self.stderr[-6000:]}"
+            )
+        if not result["ok"]:
+            return f"{page}: the block at line {result['line']} failed\n{result['error']}"
+        return None
+
+
+def run_pages(pages: dict[str, list[Block]], workdir: Path) -> Run:
+    """Execute each page's runnable blocks in one fresh interpreter, page after page.
+
+    One interpreter for all pages pays JAX's import once instead of once a page; each page
+    still gets a fresh namespace and its own directory under ``workdir``, so no page sees
+    another's names or files.
+    """
     # The default JAX configuration a reader has: CPU, one device, no flags another test set.
     env = {
         key: value
@@ -127,29 +170,49 @@ def run_blocks(blocks: list[Block], workdir: Path) -> subprocess.CompletedProces
         if key != "XLA_FLAGS" and not key.startswith("JAX_")
     }
     env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    payload = json.dumps([block.__dict__ for block in blocks if block.runnable])
-    return subprocess.run(
+    entries = []
+    for index, (page, blocks) in enumerate(pages.items()):
+        page_dir = workdir / f"page{index}"
+        page_dir.mkdir(parents=True)
+        entries.append(
+            {
+                "page": page,
+                "workdir": str(page_dir),
+                "blocks": [block.__dict__ for block in blocks if block.runnable],
+            }
+        )
+    results_path = workdir / "results.json"
+    process = subprocess.run(
         [sys.executable, "-c", _DRIVER],
-        input=payload,
+        input=json.dumps([entries, str(results_path)]),
         capture_output=True,
         text=True,
         cwd=workdir,
         env=env,
-        timeout=PAGE_TIMEOUT,
+        timeout=RUN_TIMEOUT,
     )
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    return Run(results, process.returncode, process.stdout, process.stderr)
 
 
-def _page_id(path: Path) -> str:
-    return str(path.relative_to(DOCS))
+def _page_name(path: Path) -> str:
+    return str(path.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("page", pages(), ids=_page_id)
-def test_page_blocks_run(page: Path, tmp_path: Path) -> None:
-    blocks = extract_blocks(page.read_text(encoding="utf-8"), str(page.relative_to(ROOT)))
-    result = run_blocks(blocks, tmp_path)
-    assert result.returncode == 0, f"{page}:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
-    assert "ALL BLOCKS PASSED" in result.stdout
+@pytest.fixture(scope="module")
+def docs_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """Every page of ``docs/`` run once, in one interpreter."""
+    pages_blocks = {
+        _page_name(path): extract_blocks(path.read_text(encoding="utf-8"), _page_name(path))
+        for path in pages()
+    }
+    return run_pages(pages_blocks, tmp_path_factory.mktemp("docs"))
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda path: str(path.relative_to(DOCS)))
+def test_page_blocks_run(page: Path, docs_run: Run) -> None:
+    failure = docs_run.failure(_page_name(page))
+    assert failure is None, failure
 
 
 def test_every_block_compiles() -> None:
@@ -219,9 +282,9 @@ def test_extract_rejects_an_unclosed_fence() -> None:
 
 def test_blocks_share_one_namespace_and_skip_not_run(tmp_path: Path) -> None:
     blocks = extract_blocks(_SAMPLE + '\n```python\nassert y == 6 and z == "```"\n```\n', "s.md")
-    result = run_blocks(blocks, tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "ALL BLOCKS PASSED" in result.stdout
+    run = run_pages({"s.md": blocks}, tmp_path)
+    assert run.failure("s.md") is None, run.failure("s.md")
+    assert run.results["s.md"]["ok"] is True
 
 
 def test_a_block_with_a_syntax_error_fails_and_names_its_line(tmp_path: Path) -> None:
@@ -229,20 +292,48 @@ def test_a_block_with_a_syntax_error_fails_and_names_its_line(tmp_path: Path) ->
     blocks = extract_blocks(page, "broken.md")
     with pytest.raises(SyntaxError):
         compile(blocks[1].code, "broken.md", "exec")
-    result = run_blocks(blocks, tmp_path)
-    assert result.returncode != 0
-    assert "SyntaxError" in result.stderr
-    assert 'File "broken.md", line 8' in result.stderr
-    assert "FAILED: block at broken.md:8" in result.stderr
+    run = run_pages({"broken.md": blocks}, tmp_path)
+    failure = run.failure("broken.md")
+    assert failure is not None
+    assert "SyntaxError" in failure
+    assert 'File "broken.md", line 8' in failure
+    assert run.results["broken.md"]["line"] == 8
+    assert "FAILED: block at broken.md:8" in run.stderr
 
 
-def test_a_block_that_raises_fails_and_later_blocks_do_not_run(tmp_path: Path) -> None:
-    page = (
+def test_a_failing_page_stops_there_and_the_next_page_still_runs(tmp_path: Path) -> None:
+    raising = (
         "```python\nopen('first', 'w').close()\n```\n\n"
         "```python\nraise RuntimeError('boom')\n```\n\n"
         "```python\nopen('third', 'w').close()\n```\n"
     )
-    result = run_blocks(extract_blocks(page, "raises.md"), tmp_path)
-    assert result.returncode != 0
-    assert "RuntimeError: boom" in result.stderr
-    assert (tmp_path / "first").exists() and not (tmp_path / "third").exists()
+    # The second page must not see the first page's names.
+    fresh = "```python\nassert 'open' not in globals() and 'first' not in dir()\nx = 1\n```\n"
+    run = run_pages(
+        {"raises.md": extract_blocks(raising, "raises.md"), "b.md": extract_blocks(fresh, "b.md")},
+        tmp_path,
+    )
+    failure = run.failure("raises.md")
+    assert failure is not None and "RuntimeError: boom" in failure
+    assert (tmp_path / "page0" / "first").exists()
+    assert not (tmp_path / "page0" / "third").exists()
+    assert run.failure("b.md") is None, run.failure("b.md")
+
+
+def test_names_do_not_leak_between_pages(tmp_path: Path) -> None:
+    first = extract_blocks("```python\nleaked = 1\n```\n", "a.md")
+    second = extract_blocks("```python\nleaked\n```\n", "b.md")
+    run = run_pages({"a.md": first, "b.md": second}, tmp_path)
+    assert run.failure("a.md") is None
+    failure = run.failure("b.md")
+    assert failure is not None and "NameError" in failure
+
+
+def test_a_dying_interpreter_fails_the_pages_it_did_not_finish(tmp_path: Path) -> None:
+    dies = extract_blocks("```python\nimport os\nos._exit(3)\n```\n", "dies.md")
+    after = extract_blocks("```python\nx = 1\n```\n", "after.md")
+    run = run_pages({"dies.md": dies, "after.md": after}, tmp_path)
+    assert run.returncode == 3
+    for page in ("dies.md", "after.md"):
+        failure = run.failure(page)
+        assert failure is not None and "no result" in failure

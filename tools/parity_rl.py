@@ -192,7 +192,6 @@ class Recorder:
         (``mask_dtype="float"``) or as int64 (``"int64"``, what verl's DataProto carries);
         the two differ in the dtype torch gives ``mask.sum() + 1e-8``.
         """
-        self.mask_dtype = mask_dtype
         for dtype in dtypes:
             arrays: dict[str, np.ndarray] = {}
             if dtype == "bf16":
@@ -205,7 +204,9 @@ class Recorder:
                     k: v.astype(np.float64 if dtype == "f64" else np.float32) if _is_float(v) else v
                     for k, v in inputs.items()
                 }
-                self._run(name, run, stored, DTYPES[dtype], arrays, "", grad_of, grad_wrt)
+                self._run(
+                    name, run, stored, DTYPES[dtype], arrays, "", grad_of, grad_wrt, mask_dtype
+                )
             for k, v in stored.items():
                 arrays[f"in__{k}"] = v
             side = {
@@ -233,10 +234,11 @@ class Recorder:
         suffix: str,
         grad_of: str | None,
         grad_wrt: tuple[str, ...],
+        mask_dtype: str,
     ) -> None:
         tensors: dict[str, Any] = {}
         for k, v in inputs.items():
-            if v.dtype == np.bool_ and self.mask_dtype == "int64":
+            if v.dtype == np.bool_ and mask_dtype == "int64":
                 tensors[k] = torch.from_numpy(v.astype(np.int64))
             elif v.dtype == np.bool_:
                 tensors[k] = torch.from_numpy(v.astype(np.float64)).to(tdtype)
@@ -342,7 +344,7 @@ def record_all(rec: Recorder) -> None:
     tf = "verl.utils.torch_functional"
     rc = "verl.trainer.ppo.rollout_corr_helper"
 
-    # masked reductions ------------------------------------------------------------------
+    # masked reductions ------------------------------------------------------------------------
     b, t = 6, 9
     rng = rng_for("masked_mean")
     x = {"values": rng.standard_normal((b, t)) * 3.0 + 1.0, "mask": standard_mask(b, t)}
@@ -403,7 +405,7 @@ def record_all(rec: Recorder) -> None:
         dtypes=("f64", "f32", "bf16"),
     )
 
-    # entropy ------------------------------------------------------------------------------
+    # entropy ----------------------------------------------------------------------------------
     rng = rng_for("entropy")
     rec.case(
         "entropy_from_logits",
@@ -414,7 +416,7 @@ def record_all(rec: Recorder) -> None:
         grad_wrt=("logits",),
     )
 
-    # KL estimators --------------------------------------------------------------------------
+    # KL estimators ----------------------------------------------------------------------------
     rng = rng_for("kl")
     logprob = -np.abs(rng.standard_normal((b, t))) * 2.0
     ref = logprob + 0.5 * rng.standard_normal((b, t))
@@ -464,7 +466,7 @@ def record_all(rec: Recorder) -> None:
             grad_wrt=("loss_mat",),
         )
 
-    # policy losses ---------------------------------------------------------------------------------
+    # policy losses ----------------------------------------------------------------------------
     b, t = 8, 16
     cfg = actor_config(0.2, 0.28, 3.0)
     clip_opts = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
@@ -536,7 +538,7 @@ def record_all(rec: Recorder) -> None:
             grad_wrt=("log_prob",),
         )
 
-    # value loss --------------------------------------------------------------------------------------
+    # value loss -------------------------------------------------------------------------------
     rng = rng_for("value_loss")
     values = rng.standard_normal((b, t))
     value_x = {
@@ -563,7 +565,7 @@ def record_all(rec: Recorder) -> None:
         grad_wrt=("vpreds",),
     )
 
-    # GAE ------------------------------------------------------------------------------------------------
+    # GAE --------------------------------------------------------------------------------------
     b, t = 6, 12
     rng = rng_for("gae")
     gae_mask = holes_mask(b, t)
@@ -606,7 +608,7 @@ def record_all(rec: Recorder) -> None:
         note="runs under torch.no_grad in verl; no gradients",
     )
 
-    # outcome advantages ---------------------------------------------------------------------------------
+    # outcome advantages -----------------------------------------------------------------------
     def outcome_inputs(name: str, group: int, n_groups: int, zero_spread: bool) -> dict:
         rng = rng_for(name)
         bb, tt = group * n_groups, 7
@@ -661,7 +663,7 @@ def record_all(rec: Recorder) -> None:
             options={"group": group},
         )
 
-    # rollout corrections ----------------------------------------------------------------------------
+    # rollout corrections ----------------------------------------------------------------------
     b, t = 8, 16
     rng = rng_for("rollout_corr")
     old = -np.abs(rng.standard_normal((b, t))) * 2.0
@@ -722,7 +724,7 @@ def record_all(rec: Recorder) -> None:
             note="log_ratio = old_log_prob - behavior_log_prob; k1 statistic is -log_ratio",
         )
 
-    # composites ---------------------------------------------------------------------------------------
+    # composites -------------------------------------------------------------------------------
     grpo_x = policy_inputs("grpo_composite", b, t, spread=0.3, per_sequence_adv=True)
     rng = rng_for("grpo_composite/ref")
     grpo_x["ref_log_prob"] = grpo_x["log_prob"] + 0.3 * rng.standard_normal((b, t))

@@ -6,6 +6,11 @@ maps one verl call (or composition) to the dew.rl functions that port it, compar
 output verl recorded that dew computes, and the gradients torch's autograd recorded against
 ``jax.grad`` (``jax.vjp`` with the recorded cotangent for array outputs).
 
+Values are computed op by op (eagerly), in the order the port writes them; under jit XLA
+may fuse and reassociate and move a float32 result by an ulp (the PPO composite loss of
+this fixture, 0.6, moves by 5.96e-8, above the spec's 3.26e-8). Gradients are computed
+under jit (the same pullback a trainer compiles), which also keeps the suite fast.
+
 Tolerances: float64 1e-12 relative to the reference's scale (the math is the same, only the
 order of floating-point operations may differ); float32 a few ulps of the scale, and for the
 three numbers the spec records (GRPO composite loss, PPO composite loss, GAE) at most those
@@ -181,7 +186,8 @@ def tolerance(dtype: str, scale: float, case: str, kind: str, name: str, upcast:
         return 1e-12 * scale
     if dtype in ("f64", "f32") or upcast:
         for (spec_case, spec_name), bound in SPEC_F32.items():
-            if prefix == spec_case and name == spec_name and kind == "value":
+            # every gae variant (gamma/lambda, integer mask) is held to the GAE number
+            if prefix.startswith(spec_case) and name == spec_name and kind == "value":
                 return bound
         return F32_ULPS.get(prefix, 8) * F32_EPS * scale
     return 4 * BF16_EPS * scale
@@ -212,7 +218,9 @@ def compare(
         scale = float(np.max(np.abs(ref[finite]), initial=0.0))
         tol = tolerance(fixture.dtype, scale, fixture.stem, kind, name, upcast)
         # the spec's recorded numbers concern one output of a composite: give it its own row
-        spec_row = (fixture.stem.rsplit("_", 1)[0], name) in SPEC_F32 and kind == "value"
+        spec_row = kind == "value" and any(
+            fixture.stem.startswith(c) and name == n for c, n in SPEC_F32
+        )
         row_kind = f"value ({name})" if spec_row else kind
         report.add(function, fixture.dtype, row_kind, diff, tol, f"{fixture.stem}:{name}")
         assert diff <= tol, (
@@ -232,13 +240,18 @@ def gradients(
         return adapter({**inputs, **diff_inputs}, side)[side["grad_of"]]
 
     primal = {k: inputs[k] for k in wrt}
-    out, vjp = jax.vjp(target, primal)
-    if out.ndim == 0:
-        cot = jnp.ones_like(out)
+    shape = jax.eval_shape(target, primal)
+    if shape.ndim == 0:
+        cot = jnp.ones(shape.shape, shape.dtype)
     else:
-        cot = jnp.asarray(fixture.arrays[f"cot{prefix}__{side['grad_of']}"], dtype=out.dtype)
-    (grads,) = vjp(cot)
-    return grads
+        cot = jnp.asarray(fixture.arrays[f"cot{prefix}__{side['grad_of']}"], dtype=shape.dtype)
+
+    @jax.jit
+    def pullback(primal: dict[str, jax.Array], cot: jax.Array) -> dict[str, jax.Array]:
+        (grads,) = jax.vjp(target, primal)[1](cot)
+        return grads
+
+    return pullback(primal, cot)
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -351,18 +364,44 @@ def gae(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     return {"advantages": adv, "returns": ret}
 
 
+def mean_all(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    return {"mean": rl.masked_mean(x["values"], x["mask"])}
+
+
+def mean_last(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    return {"mean": rl.masked_mean(x["values"], x["mask"], -1)}
+
+
+def whiten(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    return {"whitened": rl.masked_whiten(x["values"], x["mask"])}
+
+
+def entropy(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    return {"entropy": rl.token_entropy(x["logits"])}
+
+
+def kl_of(estimator: Callable[[jax.Array, jax.Array], jax.Array]) -> Adapter:
+    def run(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+        return {"kl": estimator(x["logprob"], x["ref_logprob"])}
+
+    return run
+
+
+GRPO_COMPOSITE = "GRPO composite (token_log_ratio, clipped_surrogate, k3_kl, token_mean)"
+PPO_COMPOSITE = "PPO composite (clipped_surrogate, clipped_value_loss_terms)"
+
 CASES: list[tuple[str, str, Adapter]] = [
     # (case prefix, dew function named in the report, adapter)
-    ("masked_mean_all", "masked_mean", lambda x, s: {"mean": rl.masked_mean(x["values"], x["mask"])}),
-    ("masked_mean_all_intmask", "masked_mean", lambda x, s: {"mean": rl.masked_mean(x["values"], x["mask"])}),
-    ("masked_mean_last", "masked_mean", lambda x, s: {"mean": rl.masked_mean(x["values"], x["mask"], -1)}),
-    ("masked_mean_last_intmask", "masked_mean", lambda x, s: {"mean": rl.masked_mean(x["values"], x["mask"], -1)}),
-    ("masked_mean_nan_outside", "masked_mean", lambda x, s: {"mean": rl.masked_mean(x["values"], x["mask"])}),
-    ("masked_whiten", "masked_whiten", lambda x, s: {"whitened": rl.masked_whiten(x["values"], x["mask"])}),
-    ("entropy_from_logits", "token_entropy", lambda x, s: {"entropy": rl.token_entropy(x["logits"])}),
-    ("kl_penalty_k1", "k1_kl", lambda x, s: {"kl": rl.k1_kl(x["logprob"], x["ref_logprob"])}),
-    ("kl_penalty_k2", "k2_kl", lambda x, s: {"kl": rl.k2_kl(x["logprob"], x["ref_logprob"])}),
-    ("kl_penalty_k3", "k3_kl", lambda x, s: {"kl": rl.k3_kl(x["logprob"], x["ref_logprob"])}),
+    ("masked_mean_all", "masked_mean", mean_all),
+    ("masked_mean_all_intmask", "masked_mean", mean_all),
+    ("masked_mean_last", "masked_mean", mean_last),
+    ("masked_mean_last_intmask", "masked_mean", mean_last),
+    ("masked_mean_nan_outside", "masked_mean", mean_all),
+    ("masked_whiten", "masked_whiten", whiten),
+    ("entropy_from_logits", "token_entropy", entropy),
+    ("kl_penalty_k1", "k1_kl", kl_of(rl.k1_kl)),
+    ("kl_penalty_k2", "k2_kl", kl_of(rl.k2_kl)),
+    ("kl_penalty_k3", "k3_kl", kl_of(rl.k3_kl)),
     ("agg_loss_token_mean", "token_mean", agg),
     ("agg_loss_token_sum", "token_mean", agg),
     ("agg_loss_seq_mean_token_mean", "sequence_mean", agg),
@@ -463,8 +502,8 @@ CASES: list[tuple[str, str, Adapter]] = [
             )
         },
     ),
-    ("composite_grpo", "GRPO composite (token_log_ratio, clipped_surrogate, k3_kl, token_mean)", composite_grpo),
-    ("composite_ppo", "PPO composite (clipped_surrogate, clipped_value_loss_terms)", composite_ppo),
+    ("composite_grpo", GRPO_COMPOSITE, composite_grpo),
+    ("composite_ppo", PPO_COMPOSITE, composite_ppo),
 ]  # fmt: skip
 
 UPCASTING = {"masked_whiten", "gae"}  # dew computes these in float32 for bf16 input
@@ -559,15 +598,13 @@ def _chain_ids(mask: np.ndarray, zero_tail: bool) -> np.ndarray:
     return ids
 
 
-def packed(adapter: Adapter, zero_tail: bool) -> Adapter:
-    """Run ``adapter`` on the rows packed ``PACK`` to a row with chain ids; unpack outputs."""
+def packed(adapter: Adapter, ids: np.ndarray) -> Adapter:
+    """Run ``adapter`` on the rows packed ``PACK`` to a row with chain ``ids``; unpack outputs."""
 
     def run(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
-        mask_name = next(k for k in x if k.endswith("mask"))
-        b, t = x[mask_name].shape
-        ids = _chain_ids(np.asarray(x[mask_name]) != 0, zero_tail)
+        b, t = ids.shape
         xp = {k: _pack(v) if v.shape == (b, t) else v for k, v in x.items()}
-        xp["segments"] = jnp.asarray(_pack(jnp.asarray(ids)))
+        xp["segments"] = _pack(jnp.asarray(ids))
         out = adapter(xp, {**side, "row_width": t})
         return {k: _unpack(v, b, t) for k, v in out.items()}
 
@@ -637,7 +674,8 @@ def test_segments_match_verl_rows(
     prefix: str, function: str, adapter: Adapter, stem: str, zero_tail: bool, report
 ) -> None:
     fixture = load(stem)
-    run = packed(adapter, zero_tail)
+    mask = next(v for k, v in fixture.arrays.items() if k.startswith("in__") and k.endswith("mask"))
+    run = packed(adapter, _chain_ids(mask, zero_tail))
     with x64_for(fixture.dtype):
         got = run(fixture.inputs(), fixture.side)
         compare(report, f"{function} [segments]", fixture, "value", got, fixture.expected())

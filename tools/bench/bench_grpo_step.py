@@ -8,18 +8,24 @@ compiles) are averaged. The update's memory is XLA's own accounting of the compi
 loss-and-gradient program for the step's batch (arguments, outputs and temporaries), since
 the CPU backend reports no live peak.
 
-No TRL comparison is run here: TRL 1.16's ``GRPOTrainer`` step on CPU needs a
-transformers model and generation loop set up to match; see the closing note of the issue.
+With ``--trl`` the same shape runs through TRL 1.16's ``GRPOTrainer`` on CPU in the reference
+venv (``tools/bench/trl_grpo_step.py``: same Qwen3 dimensions, batch, group size, budget,
+beta, top-k) and the two step times are printed side by side with their ratio (medians of the
+steps after the first). TRL's memory is the process's peak resident set during training
+(both models, generation included), a coarser number than XLA's program accounting.
 
 Usage: .venv/bin/python tools/bench/bench_grpo_step.py [--prompts 8] [--groups 4]
-       [--prompt-len 32] [--new-tokens 32] [--steps 6]
+       [--prompt-len 32] [--new-tokens 32] [--steps 6] [--trl]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import subprocess
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +54,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer step")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -83,7 +90,10 @@ def main() -> None:
     timings: list[dict[str, float]] = []
     marks: list[float] = []
 
+    starts: list[float] = []
+
     def timed(variables, local, key):
+        starts.append(time.perf_counter())
         out = rollout(variables, local, key)
         timings.append(dict(rollout.last_timings))
         marks.append(time.perf_counter())
@@ -93,17 +103,6 @@ def main() -> None:
     trainer = Trainer(
         objective, optax.adamw(1e-4), key=jax.random.key(0), rollout=timed, progress=False
     )
-    starts = []
-
-    class Clock:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __call__(self, variables, local, key):
-            starts.append(time.perf_counter())
-            return self.inner(variables, local, key)
-
-    trainer.rollout = Clock(timed)
     t0 = time.perf_counter()
     state = trainer.fit(data, steps=args.steps)
     jax.block_until_ready(state.params)
@@ -111,10 +110,10 @@ def main() -> None:
     # update time of step i: from the end of its rollout to the start of the next rollout
     updates = [starts[i + 1] - marks[i] for i in range(len(starts) - 1)] + [end - marks[-1]]
     steady = slice(1, None)
-    gen = np.mean([t["generation"] for t in timings[steady]])
-    rew = np.mean([t["reward"] + t["pack"] for t in timings[steady]])
-    res = np.mean([t["rescoring"] for t in timings[steady]])
-    upd = np.mean(updates[steady])
+    gen = np.median([t["generation"] for t in timings[steady]])
+    rew = np.median([t["reward"] + t["pack"] for t in timings[steady]])
+    res = np.median([t["rescoring"] for t in timings[steady]])
+    upd = np.median(updates[steady])
     total = gen + rew + res + upd
     n = b * args.groups
     print(
@@ -122,7 +121,7 @@ def main() -> None:
         f"{b} prompts x {args.groups} groups = {n} rows of {p + r} ids; {jax.device_count()} "
         f"{jax.devices()[0].platform} device(s)"
     )
-    print(f"steps {args.steps} (first one compiles; mean of the rest), fit {end - t0:.1f} s")
+    print(f"steps {args.steps} (first one compiles; medians of the rest), fit {end - t0:.1f} s")
     for name, value in (
         ("generation", gen),
         ("reward + pack", rew),
@@ -141,6 +140,8 @@ def main() -> None:
 
         return jax.value_and_grad(loss)(params)
 
+    dew_steps = [t["generation"] + t["reward"] + t["pack"] + t["rescoring"] for t in timings]
+    dew_steps = [a + u for a, u in zip(dew_steps, updates)]
     compiled = jax.jit(update).lower(state.params, state.ema).compile()
     memory = compiled.memory_analysis()
     if memory is None:
@@ -152,6 +153,44 @@ def main() -> None:
             f" MiB, outputs {memory.output_size_in_bytes * mib:.1f} MiB, temporaries "
             f"{memory.temp_size_in_bytes * mib:.1f} MiB"
         )
+    if args.trl:
+        run_trl(args, float(np.median(dew_steps[1:])))
+
+
+def run_trl(args: argparse.Namespace, dew_step: float) -> None:
+    """Run TRL's step in the reference venv and print it beside Dew's."""
+    root = Path(__file__).resolve().parents[2]
+    python = subprocess.run(
+        [str(root / "tools" / "reference_env.sh")], capture_output=True, text=True, check=True
+    ).stdout.split()[-1]
+    flags = []
+    for name in (
+        "prompts",
+        "groups",
+        "prompt_len",
+        "new_tokens",
+        "vocab",
+        "width",
+        "layers",
+        "steps",
+    ):
+        flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    done = subprocess.run(
+        [python, str(root / "tools" / "bench" / "trl_grpo_step.py"), *flags],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        print("TRL GRPOTrainer: failed\n" + done.stderr[-2000:])
+        return
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    trl_step = float(np.median(result["step_s"][1:]))
+    print(
+        f"TRL 1.16 GRPOTrainer (torch {result['torch']}, {result['threads']} threads): step "
+        f"{trl_step * 1e3:.0f} ms, peak RSS {result['maxrss_mib_after']:.0f} MiB "
+        f"({result['maxrss_mib_after'] - result['maxrss_mib_before']:+.0f} MiB during training)"
+    )
+    print(f"Dew step {dew_step * 1e3:.0f} ms; TRL / Dew step time: {trl_step / dew_step:.1f}x")
 
 
 if __name__ == "__main__":

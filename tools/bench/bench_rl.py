@@ -16,8 +16,10 @@ policy log-probabilities, float32 [B, T] inputs. Implementations, on the same in
 The runs are interleaved in rounds (verl, the copy, each jax implementation, again) so that
 load from other processes on the machine falls on all of them alike; the median and the
 minimum over all runs are printed, with the ratios verl / jax of the medians and of the
-minima (on a loaded machine the long verl steps are interrupted more often than the short
-jax ones, which inflates the median ratio; the ratio of minima is the conservative one). The same rounds
+minima, and the median process CPU time of a step (on a loaded machine the long verl steps
+are interrupted more often than the short jax ones, which inflates the wall-clock ratio; CPU
+time does not count the time a process waits for a core, so with ``--cpus 0`` pinning both
+sides to one core the CPU-time ratio is the one load does not move). The same rounds
 measure the bandwidth of a large array copy (read + write bytes per second); the memory floor
 of a step is the bytes it must move (read four float32 inputs and the bool mask, write the
 float32 gradient: 21 bytes a token) over that bandwidth, and "floor fraction" is that floor
@@ -133,13 +135,15 @@ def copy_seconds(src: np.ndarray, dst: np.ndarray, repeats: int) -> list[float]:
     return times
 
 
-def time_calls(fn: Callable, args: tuple, repeats: int) -> list[float]:
-    times = []
+def time_calls(fn: Callable, args: tuple, repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and process CPU seconds of ``repeats`` calls."""
+    times, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         jax.block_until_ready(fn(*args))
+        cpu.append(time.process_time() - start_cpu)
         times.append(time.perf_counter() - start)
-    return times
+    return times, cpu
 
 
 class VerlWorker:
@@ -232,11 +236,16 @@ def main() -> None:
                         "grad_abs_sum": float(jnp.sum(jnp.abs(grad))),
                     }
                 times: dict[str, list[float]] = {name: [] for name in ("verl", *impls)}
+                cpu: dict[str, list[float]] = {name: [] for name in times}
                 for _ in range(args.rounds):
-                    times["verl"] += worker.ask({"time": args.repeats})["times_s"]
+                    got = worker.ask({"time": args.repeats})
+                    times["verl"] += got["times_s"]
+                    cpu["verl"] += got["cpu_s"]
                     copy_times += copy_seconds(src, dst, max(3, args.repeats // 5))
                     for name, fn in impls.items():
-                        times[name] += time_calls(fn, jargs, args.repeats)
+                        wall, used = time_calls(fn, jargs, args.repeats)
+                        times[name] += wall
+                        cpu[name] += used
                 bandwidth = 2 * src.nbytes / statistics.median(copy_times)
                 floor = b * t * BYTES_PER_TOKEN / bandwidth
                 print(
@@ -246,17 +255,24 @@ def main() -> None:
                 )
                 verl_median = statistics.median(times["verl"])
                 verl_min = min(times["verl"])
+                verl_cpu = statistics.median(cpu["verl"])
                 row: dict[str, Any] = {"shape": [b, t], "floor_s": floor}
                 for name, ts in times.items():
                     med, best = statistics.median(ts), min(ts)
+                    med_cpu = statistics.median(cpu[name])
                     print(
-                        f"  {name:9s} median {med * 1e3:8.3f} ms (min {best * 1e3:7.3f})  "
-                        f"verl/this {verl_median / med:6.1f}x (of minima {verl_min / best:6.1f}x)"
-                        f"  floor fraction {floor / med:5.3f} (min {floor / best:5.3f})"
-                        f"  loss {checks[name]['loss']:+.7f} |grad|_1 "
-                        f"{checks[name]['grad_abs_sum']:.6f}"
+                        f"  {name:9s} wall median {med * 1e3:8.3f} ms (min {best * 1e3:7.3f}) "
+                        f"cpu median {med_cpu * 1e3:8.3f} ms | "
+                        f"verl/this: wall {verl_median / med:6.1f}x"
+                        f" (minima {verl_min / best:6.1f}x, cpu {verl_cpu / med_cpu:6.1f}x) | "
+                        f"floor fraction {floor / med:5.3f} (min {floor / best:5.3f})"
                     )
-                    row[name] = {"median_s": med, "min_s": best}
+                    row[name] = {"median_s": med, "min_s": best, "cpu_median_s": med_cpu}
+                for name, check in checks.items():
+                    print(
+                        f"  check {name:9s} loss {check['loss']:+.7f} "
+                        f"|grad|_1 {check['grad_abs_sum']:.6f}"
+                    )
                 summary.append(row)
     finally:
         worker.close()

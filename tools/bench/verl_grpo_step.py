@@ -9,7 +9,8 @@ Protocol, one JSON object per line on stdin, one reply per line on stdout:
 - ``{"load": PATH}``: read the npz bench_rl.py wrote (log_prob, old_log_prob, ref_log_prob,
   advantages, response_mask [B, T]; clip_low, clip_high, clip_c, kl_coef), warm up, reply
   ``{"loss": ..., "grad_abs_sum": ...}``;
-- ``{"time": N}``: run N steps, reply ``{"times_s": [...]}``;
+- ``{"time": N}``: run N steps, reply ``{"times_s": [...], "cpu_s": [...]}`` (wall-clock and
+  process CPU seconds per step);
 - ``{"quit": true}``: exit.
 
 The first reply line is ``{"torch": version, "threads": n}``.
@@ -79,12 +80,13 @@ def main() -> None:
             reply({"loss": loss.item(), "grad_abs_sum": leaf.grad.abs().sum().item()})
         elif "time" in cmd:
             assert step is not None, "time before load"
-            times = []
+            times, cpu = [], []
             for _ in range(int(cmd["time"])):
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 step()
+                cpu.append(time.process_time() - start_cpu)
                 times.append(time.perf_counter() - start)
-            reply({"times_s": times})
+            reply({"times_s": times, "cpu_s": cpu})
         else:
             return
 

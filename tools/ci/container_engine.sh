@@ -16,11 +16,13 @@
 #      file, no bridge and no iptables rules (containers run with network "none");
 #   3. builds a minimal image once: debootstrap --variant=minbase with python3-minimal and
 #      the rest of the standard library (libpython3-stdlib: ctypes, resource, json's C
-#      speedups, decimal... which programs under test import), tarred and cached under DEW_SANDBOX_CACHE (default /var/cache/dew-sandbox, outside
-#      the repository) and loaded with ``docker import``.
+#      speedups, decimal... which programs under test import), tarred and cached under
+#      DEW_SANDBOX_CACHE (default /var/cache/dew-sandbox, outside the repository) and
+#      loaded with ``docker import`` as dew-sandbox-python:bookworm-stdlib.
 #
-# Being sourced, it never exits, always returns 0, never leaves ``set -e``/``-u``/``pipefail`` changed in the
-# caller's shell, and defines no lasting functions or variables besides the two exports.
+# Being sourced, it never exits, always returns 0, never leaves ``set -e``/``-u``/``pipefail``
+# changed in the caller's shell, and defines no lasting functions or variables besides the
+# two exports.
 
 # Remember the caller's errexit/nounset/pipefail ($- rather than $(set +o): a command
 # substitution runs with errexit off, so it would misreport it).
@@ -128,9 +130,8 @@ _dew_engine_main() {
             local rootfs
             rootfs="$(mktemp -d "${cache_dir}/rootfs.XXXXXX")" || return 1
             _dew_engine_log "building the image rootfs with debootstrap (once per machine)"
-            if ! debootstrap --variant=minbase --include=python3-minimal,libpython3-stdlib bookworm \
-                "$rootfs" \
-                >"${cache_dir}/debootstrap.log" 2>&1; then
+            if ! debootstrap --variant=minbase --include=python3-minimal,libpython3-stdlib \
+                bookworm "$rootfs" >"${cache_dir}/debootstrap.log" 2>&1; then
                 _dew_engine_log "not started: debootstrap failed; last lines of" \
                     "${cache_dir}/debootstrap.log:"
                 tail -n 15 "${cache_dir}/debootstrap.log" >&2

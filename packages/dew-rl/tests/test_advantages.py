@@ -143,3 +143,28 @@ def test_group_functions_jit_with_static_group() -> None:
     np.testing.assert_allclose(
         np.asarray(jitted_rloo(rewards, group=2)), np.asarray(rl.rloo_advantage(rewards, 2))
     )
+
+
+def test_gae_float32_rounds_every_operation_like_torch() -> None:
+    # numpy rounds each float32 product and sum separately, as torch's eager ops do; a
+    # fused multiply-add in the compiled recursion would round once and differ in the
+    # last bits.
+    rng = np.random.default_rng(21)
+    rewards = rng.normal(size=(16, 40)).astype(np.float32)
+    values = rng.normal(size=(16, 40)).astype(np.float32)
+    mask = np.arange(40)[None, :] < rng.integers(1, 41, 16)[:, None]
+    gamma, decay = np.float32(0.99), np.float32(0.99 * 0.95)
+    next_value = np.zeros(16, np.float32)
+    last = np.zeros(16, np.float32)
+    expected = np.zeros((16, 40), np.float32)
+    for t in reversed(range(40)):
+        delta = (rewards[:, t] + gamma * next_value) - values[:, t]
+        advantage = delta + decay * last
+        next_value = np.where(mask[:, t], values[:, t], next_value)
+        last = np.where(mask[:, t], advantage, last)
+        expected[:, t] = last
+    gae = jax.jit(rl.gae, static_argnames=("gamma", "lam"))
+    _, returns = gae(
+        jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(mask), gamma=0.99, lam=0.95
+    )
+    np.testing.assert_array_equal(np.asarray(returns), expected + values)

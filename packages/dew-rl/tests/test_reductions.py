@@ -138,3 +138,27 @@ def test_errors_name_the_field() -> None:
 def test_gradient_of_token_mean_is_mask_over_count() -> None:
     grad = jax.grad(rl.token_mean)(jnp.asarray(X), jnp.asarray(MASK))
     np.testing.assert_allclose(np.asarray(grad), MASK / MASK.sum(), rtol=1e-15)
+
+
+def test_half_precision_result_dtypes_follow_verl() -> None:
+    # verl divides a bfloat16 sum by an int64 count (bfloat16 result) in token-mean, by a
+    # float32 count in masked_mean (float32 result), and its sequence statistics are float32.
+    x = jnp.asarray(X, jnp.bfloat16)
+    mask = jnp.asarray(MASK)
+    assert rl.token_mean(x, mask).dtype == jnp.bfloat16
+    assert rl.masked_mean(x, mask).dtype == jnp.float32
+    assert rl.masked_mean(x, mask.astype(jnp.bfloat16)).dtype == jnp.bfloat16
+    for fn in (rl.sequence_mean, rl.sequence_sum_mean, rl.sequence_sum_norm):
+        assert fn(x, mask).dtype == jnp.float32
+
+
+def test_half_precision_division_rounds_once() -> None:
+    # 257 tokens: bfloat16 cannot hold 257 (it rounds to 256). The bfloat16 sum is divided
+    # by the exact count in float32 and rounded once, as torch does.
+    x = jnp.full((1, 257), 0.1, jnp.bfloat16)
+    mask = jnp.ones((1, 257), bool)
+    total = jnp.sum(x)
+    expected = (total.astype(jnp.float32) / jnp.float32(257)).astype(jnp.bfloat16)
+    rounded_count = total / jnp.asarray(257, jnp.bfloat16)
+    assert expected != rounded_count
+    assert rl.token_mean(x, mask) == expected

@@ -153,3 +153,49 @@ def test_unreachable_engine_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_pa
     reason = engine_unavailable_reason(base_url=f"unix://{socket_path}")
     assert reason is not None
     assert reason.startswith(f"no container engine: DOCKER_HOST=unix://{socket_path} unreachable")
+
+
+PARENT = """
+import sys
+from dew.sandbox import ContainerRunner, Program, SandboxLimits
+runner = ContainerRunner(sys.argv[1])
+print(runner.session, flush=True)
+runner.run(Program({"main.py": "import time; time.sleep(60)"}, ["python3", "main.py"]),
+           SandboxLimits(deadline_seconds=60, cpu_seconds=60))
+"""
+
+
+def test_containers_are_removed_when_the_parent_is_killed(container_image: str) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import docker
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, container_image], stdout=subprocess.PIPE, text=True
+    )
+    client = docker.from_env(version="auto")
+    try:
+        assert parent.stdout is not None
+        session = parent.stdout.readline().strip()
+        label = {"label": f"dew.sandbox.runner={session}"}
+        end = time.monotonic() + 30
+        while not client.containers.list(filters={**label, "status": "running"}):
+            assert time.monotonic() < end, "the container never started"
+            time.sleep(0.1)
+        parent.kill()
+        parent.wait()
+        end = time.monotonic() + 30
+        while client.containers.list(all=True, filters=label):
+            assert time.monotonic() < end, "the container outlived its killed parent"
+            time.sleep(0.2)
+        # The watchdog also deleted the job and stdin directories the parent left.
+        end = time.monotonic() + 10
+        while any(session in name for name in sandbox_temp_dirs()):
+            assert time.monotonic() < end, "the killed parent's job directories remain"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+        parent.wait()
+        client.close()

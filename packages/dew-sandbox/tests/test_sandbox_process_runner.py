@@ -133,12 +133,14 @@ def test_no_core_dumps_and_rlimits_seen_inside(own_users: bool) -> None:
         print(resource.getrlimit(resource.RLIMIT_CORE))
         print(resource.getrlimit(resource.RLIMIT_CPU))
         print(resource.getrlimit(resource.RLIMIT_AS))
+        print(open("/proc/self/status").read().split("NoNewPrivs:")[1].split()[0])
     """
     outcome = run(code, own_users=own_users)
     assert outcome.text().splitlines() == [
         "(0, 0)",
         str(LIMITS.cpu_rlimit),
         str((LIMITS.address_space_bytes,) * 2),
+        "1",
     ]
 
 
@@ -214,6 +216,7 @@ def test_program_dies_with_its_parent(own_users: bool) -> None:
     shared = pathlib.Path(tempfile.mkdtemp(prefix="dew-test-shared-"))
     shared.chmod(0o777)
     pid_file = shared / "pid"
+    dirs_before = sandbox_temp_dirs()
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT.format(own_users=own_users), str(pid_file)]
     )
@@ -237,6 +240,9 @@ def test_program_dies_with_its_parent(own_users: bool) -> None:
         parent.kill()
         parent.wait()
         shutil.rmtree(shared)
+        # A SIGKILLed parent cannot remove its job directory: the test does.
+        for name in sandbox_temp_dirs() - dirs_before:
+            shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
 
 
 def test_own_users_needs_root() -> None:
@@ -245,3 +251,62 @@ def test_own_users_needs_root() -> None:
     else:
         with pytest.raises(PermissionError, match="own_users"):
             ProcessRunner(own_users=True)
+
+
+@pytest.mark.parametrize("own_users", MODES)
+def test_spawn_and_reap_a_long_lived_worker(own_users: bool) -> None:
+    # The building blocks for a worker spoken to line by line (a JSON-lines environment).
+    from dew.sandbox.launcher import new_marker, reap, sandbox_environment, spawn
+
+    shared = pathlib.Path(tempfile.mkdtemp(prefix="dew-test-shared-"))
+    shared.chmod(0o755)
+    uid = 1_900_000_000 + os.getpid() % 1000 if own_users else None
+    marker = new_marker()
+    worker = (
+        "import json, os, sys\n"
+        "if os.fork() == 0:\n"  # a helper that would outlive the worker without reap()
+        "    import time; time.sleep(60)\n"
+        "for line in sys.stdin:\n"
+        "    msg = json.loads(line)\n"
+        "    print(json.dumps({'echo': msg['n'] * 2}), flush=True)\n"
+    )
+    proc = spawn(
+        ["python3", "-c", worker, marker],
+        cwd=str(shared),
+        env=sandbox_environment(str(shared), marker),
+        limits=LIMITS,
+        uid=uid,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        for n in (1, 2, 3):
+            proc.stdin.write(f'{{"n": {n}}}\n'.encode())
+            proc.stdin.flush()
+            assert proc.stdout.readline() == f'{{"echo": {2 * n}}}\n'.encode()
+        assert len(processes_with(marker)) == 2
+    finally:
+        usage = reap(proc, uid=uid, marker=marker)
+        shutil.rmtree(shared)
+    assert proc.returncode == -signal.SIGKILL
+    assert usage.ru_utime >= 0
+    assert processes_with(marker) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="own uids need root")
+def test_a_temp_root_closed_to_sandbox_users_is_refused(tmp_path) -> None:
+    closed = tmp_path / "closed"
+    (closed / "inner").mkdir(parents=True)
+    closed.chmod(0o700)
+    with pytest.raises(ValueError, match=r"ProcessRunner\.temp_root: .*closed"):
+        ProcessRunner(temp_root=str(closed / "inner"))
+    opened = pathlib.Path(tempfile.mkdtemp(prefix="dew-test-root-"))
+    try:
+        opened.chmod(0o755)
+        runner = ProcessRunner(temp_root=str(opened))
+        outcome = runner.run(
+            Program({"main.py": "import os; print(os.getcwd())"}, ["python3", "main.py"]), LIMITS
+        )
+        assert outcome.text().startswith(str(opened) + "/dew-sandbox-")
+        assert list(opened.iterdir()) == []
+    finally:
+        shutil.rmtree(opened)

@@ -17,7 +17,7 @@ from dew.sandbox import (
 )
 from dew.sandbox.reward import extract_python_block, parse_cases, stdout_matches
 
-LIMITS = SandboxLimits(cpu_seconds=2, deadline_seconds=5)
+LIMITS = SandboxLimits(cpu_seconds=1, deadline_seconds=3)
 
 CASES = json.dumps(
     [

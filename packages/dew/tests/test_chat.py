@@ -10,9 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from _chat_tokenizer import CONVERSATIONS, TEMPLATE, build_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dew.data import Loading, Partition
 from dew.data.chat import ChatMessages, Role
+from dew.data.chat.messages import pack
 from dew.data.chat.render import render_roles
 from dew.data.chat.template import ChatTokenizer
 
@@ -205,3 +208,43 @@ def test_sft_on_chat_file_with_validation(tok_dir, tmp_path):
     assert evals[1]["val/loss"] < evals[0]["val/loss"]
     assert records[-1]["loss"] < records[0]["loss"]
     assert int(state.updates) == 12 and state.ema is not None
+
+
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=30), st.integers(12, 20))
+@settings(max_examples=50, deadline=None)
+def test_pack_keeps_documents_whole_and_in_order(lengths, width):
+    docs = [
+        (np.arange(1, n + 1, dtype=np.int32) + 100 * i, np.full(n, i % 5, np.int8))
+        for i, n in enumerate(lengths)
+    ]
+    rows = pack(docs, width, pad_id=0)
+    assert all(v.shape[1] == width for v in rows.values())
+    seen = []
+    for r in range(rows["text"].shape[0]):
+        seg = rows["text_segment_ids"][r]
+        real = seg > 0
+        # documents are a prefix of the row, then padding
+        assert not real[np.argmin(real) :].any() or real.all()
+        for s in range(1, int(seg.max()) + 1):
+            sel = seg == s
+            assert rows["text_positions"][r][sel].tolist() == list(range(int(sel.sum())))
+            seen.append(rows["text"][r][sel].tolist())
+            assert len(set(rows["text_roles"][r][sel].tolist())) == 1
+        assert (rows["text"][r][~real] == 0).all() and (rows["text_roles"][r][~real] == 0).all()
+    assert seen == [d.tolist() for d, _ in docs]
+    # a row is only closed when the next document does not fit in it
+    used = (rows["text_segment_ids"] > 0).sum(1)
+    firsts = [rows["text"][r][rows["text_segment_ids"][r] == 1] for r in range(len(used))]
+    for r in range(len(used) - 1):
+        assert used[r] + len(firsts[r + 1]) > width
+
+
+def test_hub_ids_need_the_hf_extra(tok_dir, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as if the extra were not installed
+    with pytest.raises(ImportError, match=r"'hf' extra"):
+        ChatMessages("someone/chat-dataset", tok_dir, seq_len=32).load(batch=1)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(ImportError, match=r"'hf' extra"):
+        ChatMessages("x.jsonl", "Someone/Model", seq_len=32).chat_tokenizer()

@@ -119,3 +119,25 @@ def test_bind_accepts_state_objects_and_errors(qwen3):
         policy([[1], [2]], [3], 0, GREEDY)
     with pytest.raises(TypeError, match="sampling"):
         policy([1, 2], 3, 0, {"temperature": 0})
+
+
+def test_long_budget_runs_through_attention_windows(qwen3):
+    """A budget past 128 positions crosses a window boundary inside one program and
+    matches step-by-step decoding on the full cache."""
+    from dew.inference.generation import attention_windows
+
+    pretrained, policy = qwen3
+    assert attention_windows(16, 16 + 256) == [128, 272]
+    context = [3, 1, 4, 1, 5]
+    out = policy(context, 140, jax.random.key(0), GREEDY)
+    assert len(out) == 140
+    model, variables = pretrained.model, pretrained.variables
+    padded = jnp.array([[0] * 11 + context], jnp.int32)
+    logits, cache = model.apply(variables, padded, jnp.array([5]), 272, method="prefill")
+    step = jax.jit(lambda v, t, c: model.apply(v, t, c, method="decode"))
+    expected = []
+    for _ in range(140):
+        token = jnp.argmax(logits, -1).astype(jnp.int32)
+        expected.append(int(token[0]))
+        logits, cache = step(variables, token, cache)
+    assert out.ids.tolist() == expected

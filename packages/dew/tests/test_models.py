@@ -172,3 +172,15 @@ def test_packing_property(qwen3, lengths, seed):
         alone = np.asarray(apply(variables, alone_ids, alone_seg, alone_pos))
         np.testing.assert_allclose(packed[0, start : start + n], alone[0, :n], rtol=1e-5, atol=1e-5)
         start += n
+
+
+def test_decode_window_equals_full_cache(qwen3):
+    model, variables, _ = qwen3
+    padded = jnp.array([[0, 3, 4, 5], [9, 8, 7, 6]], jnp.int32)
+    _, cache = model.apply(variables, padded, jnp.array([3, 4]), 24, method="prefill")
+    tokens = jnp.array([1, 2])
+    full, c1 = model.apply(variables, tokens, cache, method="decode")
+    windowed, c2 = model.apply(variables, tokens, cache, None, 8, method="decode")
+    np.testing.assert_array_equal(full, windowed)
+    for a, b in zip(c1.keys + c1.values, c2.keys + c2.values):
+        np.testing.assert_array_equal(a, b)

@@ -189,3 +189,16 @@ def test_unknown_architecture_and_layouts(tmp_path):
     (empty / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"\.bin"):
         load_pretrained(empty)
+
+
+def test_recorder_confirmed_transformers_reads_dew_saves():
+    """tools/parity_hf_models.py saved every case with Pretrained.save and reloaded it in
+    transformers; the sidecar holds the largest logit difference it saw."""
+    sidecar = json.loads((FIXTURES / "models.json").read_text())
+    assert sidecar["package"] == "transformers" and sidecar["version"].startswith("5.")
+    assert set(sidecar["cases"]) == set(CASES)
+    for name, record in sidecar["cases"].items():
+        check = record["dew_save_reloaded_in_transformers"]
+        assert check["ok"] and check["max_abs_logit_diff"] == 0.0, name
+    sharded = sidecar["cases"]["qwen3_untied_sharded"]["dew_save_reloaded_in_transformers"]
+    assert "model.safetensors.index.json" in sharded["files"]

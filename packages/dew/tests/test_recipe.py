@@ -160,7 +160,7 @@ def test_cli_runs_a_config(setup, trained):
         os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "dew.recipes", "chain", str(path)],
+        [sys.executable, "-m", "dew.cli", "chain", str(path)],
         capture_output=True,
         text=True,
         env=env,

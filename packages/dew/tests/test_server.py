@@ -152,6 +152,14 @@ def test_cancel_and_callbacks(greedy_server):
     assert [x.request_id for x in seen] == [a]
     assert greedy_server.free_slots == 2
 
+    def explode(completion):
+        raise RuntimeError("callback bug")
+
+    d = greedy_server.submit([1, 2], 2, callback=explode)
+    e = greedy_server.submit([1, 2], 2, callback=seen.append)
+    done = greedy_server.run()
+    assert done[d].finish_reason == "length" and seen[-1].request_id == e
+
 
 def test_submit_from_other_threads(greedy_server):
     results: dict[int, object] = {}
@@ -196,3 +204,22 @@ def test_from_task(pretrained):
     assert server.sampling.greedy and server.slots == 1
     with pytest.raises(TypeError, match="task"):
         Server.from_task(SimpleNamespace(model=pretrained.model), slots=1)
+
+
+def test_attention_window_buckets_keep_greedy_tokens(pretrained):
+    """A capacity much larger than the live rows: decode attends over a small window."""
+    recorded = np.load(FIXTURES / "qwen3_tied.npz")
+    server = Server(
+        pretrained.model,
+        pretrained.variables,
+        slots=3,
+        capacity=128,
+        min_window=8,
+        steps_per_call=4,
+    )
+    ids = [server.submit(p, 10) for p in PROMPTS]
+    done = server.run()
+    expected = [row[:n].tolist() for row, n in zip(recorded["greedy"], recorded["greedy_lengths"])]
+    assert [done[i].ids.tolist() for i in ids] == expected
+    windows = sorted(key[1] for key in server.programs._programs if key[0] == "decode")
+    assert windows == [16, 32]  # longest row: 9 prompt + up to 10 generated ids

@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="count every token in the loss, not only assistant tokens",
     )
     _add_common(sft)
+    from dew.recipes.cli import add_chain_command
+
+    add_chain_command(commands)  # ``dew chain CONFIG`` (dew.recipes.cli)
     return parser
 
 
@@ -295,6 +298,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "train":
         return _train(args)
+    if args.command == "chain":
+        from dew.recipes.cli import run_chain
+
+        return run_chain(args)
     return 2  # pragma: no cover - argparse requires a command
 
 

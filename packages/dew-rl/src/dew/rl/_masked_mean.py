@@ -6,7 +6,15 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_shape
-from dew.rl._masking import count_kept, divide, eps_denominator, keep_of, select
+from dew.rl._masking import (
+    count_dtype,
+    count_kept,
+    divide,
+    eps_denominator,
+    keep_of,
+    select,
+    wider,
+)
 
 
 def masked_mean(
@@ -27,11 +35,13 @@ def masked_mean(
       axis: axes to reduce, None for all.
 
     Returns:
-      ``x`` reduced over ``axis``, in ``x``'s dtype.
+      ``x`` reduced over ``axis``. The dtype is torch's for verl's expression: ``x``'s,
+      except that half-precision ``x`` with a boolean, integer or float32 mask gives
+      float32 (the count's dtype wins the promotion).
     """
     require_float("x", x)
     require_same_shape("mask", mask, "x", x)
     keep = keep_of(mask)
     total = jnp.sum(select(x, keep), axis=axis)
     count = count_kept(keep, axis=axis)
-    return divide(total, eps_denominator(count, mask), x.dtype)
+    return divide(total, eps_denominator(count, mask), wider(x.dtype, count_dtype(mask)))

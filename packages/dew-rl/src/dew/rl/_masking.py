@@ -46,6 +46,12 @@ def eps_denominator(count: jax.Array, mask: jax.Array) -> jax.Array:
     return count.astype(cdtype) + jnp.asarray(COUNT_EPS, cdtype)
 
 
+def wider(first: jnp.dtype, second: jnp.dtype) -> jnp.dtype:
+    """The wider of two floating dtypes (torch's promotion of two 0-d floating tensors)."""
+    first, second = jnp.dtype(first), jnp.dtype(second)
+    return first if first.itemsize >= second.itemsize else second
+
+
 def divide(numerator: jax.Array, denominator: jax.Array, dtype: jnp.dtype) -> jax.Array:
     """``numerator / denominator`` rounded once into ``dtype``.
 

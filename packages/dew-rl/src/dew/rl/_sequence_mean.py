@@ -34,7 +34,8 @@ def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = No
         then each chain is a sequence (see :func:`segment_mean`).
 
     Returns:
-      A scalar in ``x``'s dtype.
+      A scalar in ``x``'s dtype, or float32 for half-precision ``x`` (verl's per-sequence
+      statistics are float32 there too).
     """
     require_float("x", x)
     require_rank("x", x, 2, "[B, T]")
@@ -47,4 +48,4 @@ def sequence_mean(x: jax.Array, mask: jax.Array, segments: jax.Array | None = No
     wide = at_least_float32(x.dtype)
     per_sequence = divide(totals, eps_denominator(counts, mask), wide)
     present = counts > 0
-    return divide(jnp.sum(select(per_sequence, present)), count_kept(present), x.dtype)
+    return divide(jnp.sum(select(per_sequence, present)), count_kept(present), wide)

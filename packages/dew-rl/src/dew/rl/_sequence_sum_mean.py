@@ -26,14 +26,15 @@ def sequence_sum_mean(
         sequence (see :func:`segment_mean`).
 
     Returns:
-      A scalar in ``x``'s dtype.
+      A scalar in ``x``'s dtype, or float32 for half-precision ``x`` (verl's per-sequence
+      statistics are float32 there too).
     """
     require_float("x", x)
     require_rank("x", x, 2, "[B, T]")
     require_same_shape("mask", mask, "x", x)
     if segments is not None:
         require_segments(segments, "x", x)
-    return summed_sequences(x, keep_of(mask), segments).astype(x.dtype)
+    return summed_sequences(x, keep_of(mask), segments)
 
 
 def summed_sequences(x: jax.Array, keep: jax.Array, segments: jax.Array | None) -> jax.Array:

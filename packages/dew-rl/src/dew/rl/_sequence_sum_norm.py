@@ -32,7 +32,8 @@ def sequence_sum_norm(
         sequence. The default divisor stays the row width ``T``.
 
     Returns:
-      A scalar in ``x``'s dtype.
+      A scalar in ``x``'s dtype, or float32 for half-precision ``x`` (verl's per-sequence
+      statistics are float32 there too).
     """
     require_float("x", x)
     require_rank("x", x, 2, "[B, T]")
@@ -44,4 +45,4 @@ def sequence_sum_norm(
     elif isinstance(norm, int | float) and norm <= 0:
         raise ValueError(f"norm: expected a positive divisor, got {norm}")
     loss = summed_sequences(x, keep_of(mask), segments)
-    return (loss / jnp.asarray(norm, dtype=loss.dtype)).astype(x.dtype)
+    return loss / jnp.asarray(norm, dtype=loss.dtype)

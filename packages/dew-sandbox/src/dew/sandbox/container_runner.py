@@ -15,10 +15,15 @@ Every program gets its own container, created from ``image`` with:
 
 At the wall deadline (or past the output cap, or on cancel) the container is killed by
 name; it is removed with force in every case, and :meth:`ContainerRunner.close` removes
-anything still carrying this runner's label.
+anything still carrying this runner's label. A watchdog process (``dew.sandbox._reaper``)
+does the same if the Python process dies without closing the runner, even by SIGKILL,
+and removes the job directories it left (their names carry the runner's session).
 
 Exit codes: the init reports a program killed by signal N as ``128 + N``; such codes
 are read back as ``-N`` (so a program that itself exits with 137 reads as SIGKILL).
+The engine must see this machine's files (a local socket, not a remote host): the job
+directory and stdin reach the container as bind mounts.
+
 Reference behaviour: Docker Engine API >= 1.41 (Debian bookworm's docker.io 20.10),
 docker SDK 7.x; Podman's Docker-compatible socket works the same way.
 """
@@ -29,6 +34,8 @@ import contextlib
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -38,6 +45,7 @@ import docker
 import docker.errors
 from docker.types import LogConfig, Ulimit
 
+from dew.sandbox._reaper import LABEL
 from dew.sandbox.launcher import SandboxCancelled, new_marker, sandbox_environment
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome, Verdict
@@ -46,15 +54,17 @@ from dew.sandbox.runner import CancelFlag, job_directory
 
 __all__ = ["ContainerRunner", "engine_unavailable_reason"]
 
-RUNNER_LABEL = "dew.sandbox.runner"
+RUNNER_LABEL = LABEL
 _STDIN_TRAMPOLINE = 'exec "$@" < /dew-io/stdin'
 _RUNTIMES = ("docker", "podman")
 
 
 def _client(base_url: str | None) -> docker.DockerClient:
+    # Each running program holds one connection for its attach stream and briefly
+    # another for wait/kill, so the pool is sized for a few dozen workers.
     if base_url is not None:
-        return docker.DockerClient(base_url=base_url, version="auto", timeout=60)
-    return docker.from_env(version="auto", timeout=60)
+        return docker.DockerClient(base_url=base_url, version="auto", timeout=60, max_pool_size=64)
+    return docker.from_env(version="auto", timeout=60, max_pool_size=64)
 
 
 def engine_unavailable_reason(image: str | None = None, base_url: str | None = None) -> str | None:
@@ -127,7 +137,9 @@ class ContainerRunner:
         self.cpus = cpus
         self.session = secrets.token_hex(6)
         self._client = _client(base_url)
+        self._base_url = base_url
         self._closed = False
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._count = 0
         self._lock = threading.Lock()
         try:
@@ -138,6 +150,22 @@ class ContainerRunner:
                 f"ContainerRunner.image: the engine has no image {image!r} "
                 "(tools/ci/container_engine.sh builds dew-sandbox-python:bookworm-stdlib)"
             ) from None
+        self._watchdog = self._start_watchdog()
+
+    def _start_watchdog(self) -> subprocess.Popen[bytes]:
+        # A separate process holding the read end of a pipe: when this process exits or
+        # is killed, the pipe closes and the watchdog removes this runner's containers.
+        argv = [sys.executable, "-m", "dew.sandbox._reaper", self.session, tempfile.gettempdir()]
+        if self._base_url is not None:
+            argv.append(self._base_url)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
 
     def _next_name(self) -> str:
         with self._lock:
@@ -186,13 +214,13 @@ class ContainerRunner:
     ) -> Outcome:
         """Run ``program`` in a fresh container under ``limits``."""
         name = self._next_name()
-        io = tempfile.mkdtemp(prefix="dew-sandbox-io-")
+        io = tempfile.mkdtemp(prefix=f"dew-sandbox-io-{self.session}-")
         try:
             with open(os.path.join(io, "stdin"), "wb") as f:
                 f.write(program.stdin_bytes)
             os.chmod(os.path.join(io, "stdin"), 0o644)
             os.chmod(io, 0o755)
-            with job_directory(program, prefix="dew-sandbox-") as job:
+            with job_directory(program, prefix=f"dew-sandbox-{self.session}-") as job:
                 try:
                     return self._run_container(name, program, limits, job, io, cancel)
                 finally:
@@ -311,6 +339,15 @@ class ContainerRunner:
                 self._remove(name)
         finally:
             self._client.close()
+            watchdog, self._watchdog = self._watchdog, None
+            if watchdog is not None:
+                assert watchdog.stdin is not None
+                watchdog.stdin.close()  # nothing is left, so it exits at once
+                try:
+                    watchdog.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    watchdog.kill()
+                    watchdog.wait()
 
     def __repr__(self) -> str:
         return f"ContainerRunner({self.image!r}, runtime={self.runtime!r})"

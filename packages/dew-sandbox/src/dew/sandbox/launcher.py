@@ -4,7 +4,8 @@
 :class:`Outcome`. What it guarantees:
 
 * In the child, before ``exec``: RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE, no core dumps
-  (RLIMIT_CORE 0), a new session and process group, ``PR_SET_PDEATHSIG`` = SIGKILL
+  (RLIMIT_CORE 0), a new session and process group, no-new-privileges (set-uid
+  executables do not raise privileges), ``PR_SET_PDEATHSIG`` = SIGKILL
   (set through ``prctl`` via ctypes) followed by a check that ``getppid()`` is still the
   launching process (the parent may have died between ``fork`` and ``prctl``), and a
   minimal environment (:func:`sandbox_environment`).
@@ -56,12 +57,15 @@ __all__ = [
     "launch",
     "live_processes_of_user",
     "marked_processes",
+    "reap",
     "sandbox_environment",
+    "spawn",
 ]
 
 MARKER_VARIABLE = "DEW_SANDBOX_JOB"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NO_NEW_PRIVS = 38
 _CHUNK = 1 << 16
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -106,6 +110,8 @@ def _make_preexec(limits: SandboxLimits, parent_pid: int, own_user: bool) -> Cal
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
         if own_user:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        # No set-uid/set-gid executable can raise the program's privileges.
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
         # Popen switched the user already; the kernel clears the death signal on a
         # credential change, so it is set here, after it.
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -122,10 +128,17 @@ def _proc_entries() -> Iterator[int]:
 
 
 def live_processes_of_user(uid: int) -> list[int]:
-    """Pids whose real uid is ``uid`` and that are not zombies (from /proc)."""
+    """Pids whose real uid is ``uid`` and that are not zombies (from /proc).
+
+    A first pass compares the owner of ``/proc/<pid>`` (the effective uid; the same as
+    the real one for sandboxed programs, which run with no-new-privileges), which is
+    one ``stat`` per process; only matches get their status read.
+    """
     found = []
     for pid in _proc_entries():
         try:
+            if os.stat(f"/proc/{pid}").st_uid != uid:
+                continue
             with open(f"/proc/{pid}/status", "rb") as f:
                 status = f.read()
         except OSError:
@@ -243,6 +256,92 @@ def _failed_to_start(error: OSError, started: float) -> Outcome:
     return Outcome(Verdict.FAILED, None, b"", message, time.monotonic() - started)
 
 
+def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    limits: SandboxLimits,
+    uid: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with the launcher's child-side setup; stdin/stdout/stderr are pipes.
+
+    The building block of :func:`launch`, for callers that talk to a long-lived worker
+    (a JSON-lines environment, say): the rlimits, session, no-new-privileges, parent-death
+    signal and parent check are applied, and ``uid`` (root only) switches user and group.
+    The wall deadline and output cap are the caller's to keep; :func:`reap` ends it.
+
+    Raises:
+        OSError: the program could not be started (missing command, argv too large).
+        subprocess.SubprocessError: the child-side setup failed.
+    """
+    own_user = uid is not None
+    return subprocess.Popen(
+        list(argv),
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=_make_preexec(limits, os.getpid(), own_user),
+        close_fds=True,
+        user=uid,
+        group=uid,
+        extra_groups=[] if own_user else None,
+        umask=0o077,
+    )
+
+
+def reap(
+    proc: subprocess.Popen[bytes], *, uid: int | None = None, marker: str | None = None
+) -> resource.struct_rusage:
+    """Kill what :func:`spawn` started and everything it left, reap it, close its pipes.
+
+    SIGKILL goes to the process group (whose leader is still unreaped here, so the id is
+    not reused), then the leader is reaped, then every process of ``uid`` (or, without a
+    uid, every process carrying ``marker``) is killed. Sets ``proc.returncode`` and
+    returns the leader's resource usage.
+    """
+    _kill_group(proc.pid)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if uid is not None:
+        kill_user(uid)
+    elif marker is not None:
+        kill_marked(marker)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    return usage
+
+
+class _Capture:
+    """stdout and stderr buffers sharing one byte cap; bytes past the cap are counted, not kept."""
+
+    def __init__(self, out_fd: int, err_fd: int, cap: int) -> None:
+        self.buffers = {out_fd: bytearray(), err_fd: bytearray()}
+        self.cap = cap
+        self.total = 0
+
+    @property
+    def over_cap(self) -> bool:
+        return self.total > self.cap
+
+    def read(self, fd: int) -> bool:
+        """Read what ``fd`` has; False at end of file (or when it has nothing yet: True)."""
+        try:
+            chunk = os.read(fd, _CHUNK)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        self.buffers[fd] += chunk[: max(self.cap - self.total, 0)]
+        self.total += len(chunk)
+        return True
+
+
 def launch(
     argv: Sequence[str],
     *,
@@ -276,23 +375,8 @@ def launch(
         raise PermissionError(f"launch: uid={uid} needs a root parent, running as {os.geteuid()}")
     started = time.monotonic()
     deadline = started + limits.deadline_seconds
-    preexec = _make_preexec(limits, os.getpid(), own_user)
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            env=dict(env),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=preexec,
-            close_fds=True,
-            user=uid,
-            group=uid,
-            extra_groups=[] if own_user else None,
-            umask=0o077,
-        )
+        proc = spawn(argv, cwd=cwd, env=env, limits=limits, uid=uid)
     except OSError as error:
         return _failed_to_start(error, started)
     except subprocess.SubprocessError as error:
@@ -300,12 +384,11 @@ def launch(
 
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    out = {out_fd: bytearray(), err_fd: bytearray()}
+    capture = _Capture(out_fd, err_fd, limits.output_bytes)
+    out = capture.buffers
     stdin_fd = proc.stdin.fileno()
     pidfd = _pidfd(proc.pid)
-    cap = limits.output_bytes
-    total = 0
-    timed_out = over_cap = cancelled = False
+    timed_out = cancelled = False
     pending = memoryview(stdin)
     try:
         with _closing_selector() as selector:
@@ -348,62 +431,38 @@ def launch(
                         if not pending:
                             selector.unregister(fd)
                             proc.stdin.close()
-                    else:
-                        try:
-                            chunk = os.read(fd, _CHUNK)
-                        except BlockingIOError:
-                            continue
-                        if not chunk:
-                            selector.unregister(fd)
-                            open_outputs -= 1
-                            continue
-                        room = cap - total
-                        out[fd] += chunk[: max(room, 0)]
-                        total += len(chunk)
-                        if total > cap:
-                            over_cap = True
-                if over_cap:
+                    elif not capture.read(fd):
+                        selector.unregister(fd)
+                        open_outputs -= 1
+                if capture.over_cap:
                     break
                 if exited or ((pidfd is None or open_outputs == 0) and _exited(proc.pid)):
                     break
             # Whatever ended the loop, the whole group goes now (the leader is still
             # unreaped, so the group id cannot have been reused).
             _kill_group(proc.pid)
-            if own_user and open_outputs:
-                assert uid is not None
-                kill_user(uid)  # escapees holding the pipes would stall the drain
-            # Drain what the program wrote before it ended; a writer that escaped the
-            # kill could hold a pipe open, so bound the wait.
+            # Drain what the program wrote before it ended. A process that escaped the
+            # group kill could hold a pipe open: once the pipes go quiet, sweep the
+            # sandbox uid (or the marked processes), then wait a bounded time.
+            for registered in list(selector.get_map().values()):
+                if registered.fd not in out:  # the pidfd, an unfinished stdin: outputs only
+                    selector.unregister(registered.fd)
+            swept = not own_user and marker is None
             drain_end = time.monotonic() + 1.0
-            while open_outputs and not over_cap and time.monotonic() < drain_end:
-                for key, _ in selector.select(0.05):
-                    if key.fd not in out:
-                        continue
-                    try:
-                        chunk = os.read(key.fd, _CHUNK)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
+            while open_outputs and not capture.over_cap and time.monotonic() < drain_end:
+                events = selector.select(0.01 if not swept else 0.05)
+                if not events and not swept:
+                    if uid is not None:
+                        kill_user(uid)
+                    elif marker is not None:
+                        kill_marked(marker)
+                    swept = True
+                for key, _ in events:
+                    if not capture.read(key.fd):
                         selector.unregister(key.fd)
                         open_outputs -= 1
-                        continue
-                    room = cap - total
-                    out[key.fd] += chunk[: max(room, 0)]
-                    total += len(chunk)
-                    if total > cap:
-                        over_cap = True
     finally:
-        _kill_group(proc.pid)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if own_user:
-            assert uid is not None
-            kill_user(uid)
-        elif marker is not None:
-            kill_marked(marker)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                stream.close()
+        usage = reap(proc, uid=uid, marker=marker)
         if pidfd is not None:
             os.close(pidfd)
     seconds = time.monotonic() - started
@@ -411,7 +470,7 @@ def launch(
         raise SandboxCancelled("the program was cancelled")
     code = proc.returncode
     cpu_used = usage.ru_utime + usage.ru_stime
-    verdict = _verdict(code, timed_out, over_cap, cpu_used, limits)
+    verdict = _verdict(code, timed_out, capture.over_cap, cpu_used, limits)
     return Outcome(verdict, code, bytes(out[out_fd]), bytes(out[err_fd]), seconds)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 import threading
 
 from dew.sandbox.launcher import launch, new_marker, sandbox_environment
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome
 from dew.sandbox.program import Program
-from dew.sandbox.runner import CancelFlag, job_directory
+from dew.sandbox.runner import CancelFlag, job_directory, unreachable_ancestor
 
 __all__ = ["ProcessRunner"]
 
@@ -32,9 +33,17 @@ class ProcessRunner:
             the default is True exactly when running as root. Without it, programs run
             as the caller and leftovers are found by their environment marker.
         uid_base: first uid of the range (``2**24`` ids) the sandbox users come from.
+        temp_root: where job directories are made (default: the system temp directory).
+            With own users, every directory above it must be open to other users.
     """
 
-    def __init__(self, *, own_users: bool | None = None, uid_base: int = DEFAULT_UID_BASE):
+    def __init__(
+        self,
+        *,
+        own_users: bool | None = None,
+        uid_base: int = DEFAULT_UID_BASE,
+        temp_root: str | None = None,
+    ):
         root = os.geteuid() == 0
         if own_users is None:
             own_users = root
@@ -47,6 +56,15 @@ class ProcessRunner:
                 f"ProcessRunner.uid_base: expected 0 < uid_base < {2**31 - _UID_SPAN}, "
                 f"got {uid_base}"
             )
+        self.temp_root = temp_root if temp_root is not None else tempfile.gettempdir()
+        if own_users:
+            closed = unreachable_ancestor(self.temp_root)
+            if closed is not None:
+                raise ValueError(
+                    f"ProcessRunner.temp_root: sandbox users must be able to enter every "
+                    f"directory above their job directories, but {closed!r} is closed to "
+                    f"other users (temp root {self.temp_root!r}); pass another temp_root"
+                )
         self.own_users = own_users
         self._uid_base = uid_base
         self._in_use: set[int] = set()
@@ -71,7 +89,9 @@ class ProcessRunner:
         uid = self._take_uid() if self.own_users else None
         marker = new_marker()
         try:
-            with job_directory(program, prefix="dew-sandbox-", owner=uid) as job:
+            with job_directory(
+                program, prefix="dew-sandbox-", owner=uid, root=self.temp_root
+            ) as job:
                 return launch(
                     program.argv,
                     cwd=job,

@@ -13,7 +13,7 @@ from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome
 from dew.sandbox.program import Program
 
-__all__ = ["CancelFlag", "Runner", "job_directory"]
+__all__ = ["CancelFlag", "Runner", "job_directory", "unreachable_ancestor"]
 
 
 class CancelFlag(Protocol):
@@ -41,14 +41,17 @@ class Runner(Protocol):
 
 
 @contextlib.contextmanager
-def job_directory(program: Program, *, prefix: str, owner: int | None = None) -> Iterator[str]:
+def job_directory(
+    program: Program, *, prefix: str, owner: int | None = None, root: str | None = None
+) -> Iterator[str]:
     """A fresh directory holding ``program``'s files, removed (with all contents) on exit.
 
     ``owner`` (needs root) hands the directory and the files to that uid/gid, so a
     program running as that user can also write scratch files there. Without it the
     directory is mode 0755 and the files 0644, readable by any user (a container's).
+    ``root`` is where it is made (default: :func:`tempfile.gettempdir`).
     """
-    path = tempfile.mkdtemp(prefix=prefix)
+    path = tempfile.mkdtemp(prefix=prefix, dir=root)
     try:
         program.write_into(path)
         os.chmod(path, 0o755)
@@ -61,3 +64,18 @@ def job_directory(program: Program, *, prefix: str, owner: int | None = None) ->
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def unreachable_ancestor(directory: str) -> str | None:
+    """The first directory on the way to ``directory`` that other users cannot enter.
+
+    A program running under another uid needs search (x) permission for "others" on
+    every ancestor of its job directory. None when the whole path is open.
+    """
+    path = os.path.abspath(directory)
+    parts = path.split(os.sep)
+    for i in range(1, len(parts) + 1):
+        current = os.sep.join(parts[:i]) or os.sep
+        if not os.stat(current).st_mode & 0o001:
+            return current
+    return None

@@ -90,20 +90,39 @@ class IndexedStream:
         return _prefetch_indexed(self.source, partition, start, self.loading)
 
 
+_WORKER_SOURCE: IndexedSource | None = None
+
+
+def _set_worker_source(source: IndexedSource) -> None:
+    global _WORKER_SOURCE
+    _WORKER_SOURCE = source
+
+
+def _worker_batch(partition: Partition, index: int) -> dict[str, np.ndarray]:
+    assert _WORKER_SOURCE is not None, "worker started without a source"
+    return _WORKER_SOURCE.batch_at(partition, index)
+
+
 def _prefetch_indexed(
     source: IndexedSource, partition: Partition, start: int, loading: Loading
 ) -> Iterator[dict[str, np.ndarray]]:
     total = source.num_batches(partition)
     indices = itertools.count(start) if total is None else iter(range(start, total))
+    build: Callable[[Partition, int], dict[str, np.ndarray]]
     if loading.workers > 0:
+        # the source travels to each worker once, not with every batch
         ctx = multiprocessing.get_context("spawn")
-        pool: cf.Executor = cf.ProcessPoolExecutor(loading.workers, mp_context=ctx)
+        pool: cf.Executor = cf.ProcessPoolExecutor(
+            loading.workers, mp_context=ctx, initializer=_set_worker_source, initargs=(source,)
+        )
+        build = _worker_batch
     else:
         pool = cf.ThreadPoolExecutor(loading.threads)
+        build = source.batch_at
     pending: deque[cf.Future] = deque()
     try:
         for i in indices:
-            pending.append(pool.submit(source.batch_at, partition, i))
+            pending.append(pool.submit(build, partition, i))
             if len(pending) >= loading.read_buffer:
                 yield pending.popleft().result()
         while pending:

@@ -3,7 +3,8 @@
 One call prefills the left-padded batch of contexts once (each row's real
 tokens packed into its cache) and runs the whole decode loop inside one
 compiled program (`lax.while_loop`, which stops as soon as every row has
-ended). Widths are bucketed: the batch to a power of two, the context width
+ended). For long budgets the loop is split into a few phases that attend over
+growing windows of the cache, so early steps do not read its empty tail. Widths are bucketed: the batch to a power of two, the context width
 and the response budget to powers of two (at least 16), so contexts of
 different lengths reuse one program; `compile_count` says how many programs
 were built.
@@ -90,6 +91,18 @@ def check_context(name: str, ids: Any, vocab_size: int) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def attention_windows(prompt_width: int, capacity: int, minimum: int = 128) -> list[int]:
+    """Growing attention windows for a decode loop: a few sizes (x4 apart, from
+    `minimum`) above the prompt width, ending at the capacity."""
+    windows = []
+    size = minimum
+    while size < capacity:
+        if size > prompt_width:
+            windows.append(size)
+        size *= 4
+    return [*windows, capacity]
+
+
 def _generate(model: CausalTransformer, sampling: Sampling, capacity: int) -> Any:
     def run(variables, prompts, lengths, budgets, key):
         b, p = prompts.shape
@@ -108,14 +121,10 @@ def _generate(model: CausalTransformer, sampling: Sampling, capacity: int) -> An
         done = ended | (count >= budgets)
         state = (jnp.int32(1), first.ids, done, ended, count, cache, ids, raw, beh, sup)
 
-        def cond(state):
-            step, _, done = state[:3]
-            return (step < width) & ~jnp.all(done)
-
-        def body(state):
+        def body(state, window):
             step, tok, done, ended, count, cache, ids, raw, beh, sup = state
             live = ~done
-            logits, cache = model.apply(variables, tok, cache, live, method="decode")
+            logits, cache = model.apply(variables, tok, cache, live, window, method="decode")
             out = draw(logits, jax.random.fold_in(key, step), sampling)
             new = jnp.where(live, out.ids, 0)
             ids = jax.lax.dynamic_update_slice(ids, new[:, None], (0, step))
@@ -136,7 +145,16 @@ def _generate(model: CausalTransformer, sampling: Sampling, capacity: int) -> An
             tok = jnp.where(live, out.ids, tok)
             return step + 1, tok, done, ended, count, cache, ids, raw, beh, sup
 
-        state = jax.lax.while_loop(cond, body, state)
+        # Step s writes the previous token at slot length + s - 1 <= p + s - 1, so a
+        # loop attending over `window` slots may run while s <= window - p.
+        for window in attention_windows(p, capacity):
+
+            def cond(state, window=window):
+                step, _, done = state[:3]
+                return (step < width) & (step <= window - p) & ~jnp.all(done)
+
+            sized = None if window == capacity else window
+            state = jax.lax.while_loop(cond, lambda st, w=sized: body(st, w), state)
         _, _, _, ended, count, _, ids, raw, beh, sup = state
         return ids, raw, beh, sup, count, ended
 

@@ -20,7 +20,8 @@ key, folded with its token index, so what it samples does not depend on which
 other requests share the batch.
 
 A request whose prompt plus budget exceeds `capacity` is refused at submit
-with `RequestTooLarge`. If a compiled program raises, every request it was
+with `RequestTooLarge`. A callback that raises is logged and does not stop
+the others. If a compiled program raises, every request it was
 serving finishes with the error and its slot is freed; the cache is rebuilt.
 The server is thread-safe: `submit`, `cancel` and `reload` may be called from
 other threads while one thread drives `step`.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -44,6 +46,8 @@ from dew.inference.generation import as_key, check_context, tree_signature, vari
 from dew.models.config import dtype_name
 from dew.models.decoder import CausalTransformer, KVCache, empty_cache
 from dew.sampling import Draw, Sampling, draw, is_eos
+
+_LOG = logging.getLogger(__name__)
 
 
 class RequestTooLarge(ValueError):
@@ -349,10 +353,14 @@ class Server:
                     self._decode(finished)
             except Exception as error:  # noqa: BLE001 - reported on each request
                 self._fail_all(error, finished)
-        for completion in finished:
-            request_callback = self._callbacks.pop(completion.request_id, None)
-            if request_callback is not None:
-                request_callback(completion)
+            callbacks = [(self._callbacks.pop(c.request_id, None), c) for c in finished]
+        for callback, completion in callbacks:
+            if callback is None:
+                continue
+            try:
+                callback(completion)
+            except Exception:  # noqa: BLE001 - one bad callback must not lose the others
+                _LOG.exception("callback of request %d raised", completion.request_id)
         return finished
 
     def run(self) -> dict[int, Completion]:

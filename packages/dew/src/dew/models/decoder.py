@@ -193,26 +193,23 @@ class CausalTransformer(nn.Module):
         if capacity < p:
             raise ValueError(f"capacity: expected >= prompt width {p}, got {capacity}")
         lengths = lengths.astype(jnp.int32)
-        pad = (p - lengths)[:, None]
         idx = jnp.arange(p, dtype=jnp.int32)[None, :]
-        real = idx >= pad
-        segment_ids = real.astype(jnp.int32)
-        positions = jnp.where(real, idx - pad, 0)
-        hidden, kvs = self._forward(input_ids, segment_ids, positions)
-        logits = self.logits_from_hidden(hidden[:, -1])
-        source = jnp.minimum(idx + pad, p - 1)  # slot j of row b <- token j + pad_b
-        keep = (idx < lengths[:, None])[:, :, None, None]
+        # Move each row's real tokens to the front (cheap: ids only), so that the
+        # forward pass computes keys and values already in their cache slots.
+        source = jnp.minimum(idx + (p - lengths)[:, None], p - 1)
+        packed_ids = jnp.take_along_axis(input_ids, source, axis=1)
+        real = idx < lengths[:, None]
+        hidden, kvs = self._forward(packed_ids, real.astype(jnp.int32), jnp.where(real, idx, 0))
+        last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+        logits = self.logits_from_hidden(last[:, 0])
+        keep = real[:, :, None, None]
         dtype = self.config.compute_dtype
         keys, values = [], []
         for k, v in kvs:
-            packed = []
-            for arr in (k, v):
-                moved = jnp.take_along_axis(arr, source[:, :, None, None], axis=1)
-                moved = jnp.where(keep, moved, jnp.zeros_like(moved)).astype(dtype)
-                moved = jnp.pad(moved, ((0, 0), (0, capacity - p), (0, 0), (0, 0)))
-                packed.append(moved.transpose(0, 2, 1, 3))
-            keys.append(packed[0])
-            values.append(packed[1])
+            for arr, out in ((k, keys), (v, values)):
+                arr = jnp.where(keep, arr, jnp.zeros_like(arr)).astype(dtype)
+                arr = jnp.pad(arr, ((0, 0), (0, capacity - p), (0, 0), (0, 0)))
+                out.append(arr.transpose(0, 2, 1, 3))
         return logits, KVCache(tuple(keys), tuple(values), lengths)
 
     def decode(

@@ -9,7 +9,8 @@ Attention runs in two modes:
 
 * `__call__` over a whole sequence `[B, T]` with a boolean mask `[B, T, T]`
   (causal, inside one segment), returning the rotated keys and values so that a
-  prefill can store them in a cache;
+  prefill can store them in a cache; queries go in chunks of `QUERY_CHUNK`
+  positions, each against only the keys at or before its end;
 * `decode` for one new token per row against a key/value cache
   `[B, KVH, S, Dh]`, writing the new key/value at each row's own slot and
   leaving rows that are not `active` untouched.
@@ -27,6 +28,8 @@ from dew.models.config import DecoderConfig
 from dew.models.rope import apply_rotary
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
+# Queries are processed in chunks of this many positions over the causal prefix of keys.
+QUERY_CHUNK = 128
 
 
 def _dense(
@@ -109,10 +112,18 @@ class Attention(nn.Module):
         """
         b, t, _ = x.shape
         q, k, v = self._project(x, cos, sin)
-        scores = self._scores(q, k.transpose(0, 2, 1, 3))
-        scores = jnp.where(mask[:, None, None, :, :], scores, NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1)
-        return self._output(probs, v.transpose(0, 2, 1, 3), b, t), (k, v)
+        keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        # Causal blocks: query chunk [s, e) only needs keys [0, e). Skipping the upper
+        # triangle halves the work and keeps each chunk's scores in cache.
+        outputs = []
+        for start in range(0, t, QUERY_CHUNK):
+            end = min(start + QUERY_CHUNK, t)
+            scores = self._scores(q[:, start:end], keys[:, :, :end])
+            block = mask[:, None, None, start:end, :end]
+            probs = jax.nn.softmax(jnp.where(block, scores, NEG_INF), axis=-1)
+            outputs.append(self._output(probs, values[:, :, :end], b, end - start))
+        out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
+        return out, (k, v)
 
     def decode(
         self,

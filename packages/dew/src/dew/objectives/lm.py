@@ -6,7 +6,8 @@ Batch fields (``L`` = ``seq_len``):
 - ``text_segment_ids`` int ``[B, L + 1]`` (optional): document id per token, 0 for padding.
   A prediction counts only when its input and target share a nonzero segment, so padding
   and the jump from one packed document to the next are skipped.
-- ``text_positions`` int ``[B, L + 1]`` (optional): position inside each document.
+- ``text_positions`` int ``[B, L + 1]`` (optional): position inside each document; derived
+  from the segment ids when absent.
 - ``text_roles`` int ``[B, L + 1]`` (required when ``loss_role`` is set): the role of each
   token (``dew.data.chat.Role``). Ids and roles shift together: the prediction of token
   ``i + 1`` counts when ``text_roles[:, i + 1] == loss_role``.
@@ -45,6 +46,16 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Arr
     return lse - picked, correct
 
 
+def segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """Positions ``[B, T]`` restarting at 0 wherever the segment id changes."""
+    idx = jnp.broadcast_to(jnp.arange(segment_ids.shape[1], dtype=jnp.int32), segment_ids.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
+    )
+    first = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
+    return idx - first
+
+
 class LMObjective:
     """Next-token loss over ``text`` (see the module docstring for the batch).
 
@@ -55,6 +66,8 @@ class LMObjective:
       loss_role: count only targets of this role (``None``: every real target).
       ema_decay: ``None`` (no EMA), or a decay in ``(0, 1]`` (default 0.999, a moving EMA).
     """
+
+    token_nll = staticmethod(token_nll)  # (logits [B, T, V], targets [B, T]) -> (nll, correct)
 
     def __init__(
         self,
@@ -106,13 +119,15 @@ class LMObjective:
         inputs, targets = text[:, :-1], text[:, 1:]
         seg = batch.get("text_segment_ids")
         pos = batch.get("text_positions")
+        if seg is not None and pos is None:
+            pos = segment_positions(seg)
         logits = self.model.apply(
             variables,
             inputs,
             segment_ids=None if seg is None else seg[:, :-1].astype(jnp.int32),
             positions=None if pos is None else pos[:, :-1].astype(jnp.int32),
         )
-        nll, correct = token_nll(logits, targets)
+        nll, correct = self.token_nll(logits, targets)
         mask = jnp.ones(targets.shape, bool)
         if seg is not None:
             mask = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)

@@ -48,16 +48,61 @@ class Problem:
     def question(self) -> str:
         return f"{self.a}{self.op}{self.b}"
 
-    def worked(self, result: int | None = None) -> str:
-        """The worked answer text; ``result`` replaces the true result (for wrong answers)."""
-        value = self.answer if result is None else result
-        return f"{self.question}={value} \\boxed{{{value}}}"
+    def columns(self, slip: int | None = None) -> tuple[list[str], int]:
+        """Column-by-column steps, least significant first, and the result they give.
 
-    def wrong_result(self, rng: np.random.Generator) -> int:
-        """A plausible wrong result: off by 1 or 10 (a slipped digit or carry), never < 0."""
-        right = self.answer
-        choices = [d for d in (-10, -1, 1, 10) if right + d >= 0]
-        return right + int(rng.choice(choices))
+        Addition writes ``x+y=s`` per column (``x+y+1=s`` with a carry; ``s`` may be two
+        digits, its tens digit carries). Subtraction writes ``x-y=d``, borrowing as ``1x-y=d``
+        and paying the borrow in the next column as ``x-y-1=d``. ``slip`` (a column index)
+        injects the most common mistake there: the carry or borrow coming into that column
+        is forgotten, or, when there is none, the column's digit is off by one.
+        """
+        width = max(len(str(self.a)), len(str(self.b)))
+        xs = [int(c) for c in str(self.a).rjust(width, "0")][::-1]
+        ys = [int(c) for c in str(self.b).rjust(width, "0")][::-1]
+        steps, digits, carry = [], [], 0
+        for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            incoming = carry
+            if k == slip and incoming:
+                incoming = 0
+            if self.op == "+":
+                total = x + y + incoming
+                if k == slip and not carry:
+                    total = total + 1 if total % 10 != 9 else total - 1
+                steps.append(f"{x}+{y}+1={total}" if incoming else f"{x}+{y}={total}")
+                digits.append(total % 10)
+                carry = total // 10
+            else:
+                top = x - incoming
+                borrow = int(top < y)
+                value = top + 10 * borrow - y
+                if k == slip and not carry:
+                    value = value + 1 if value < 9 else value - 1
+                shown = f"1{x}" if borrow else f"{x}"
+                steps.append(f"{shown}-{y}-1={value}" if incoming else f"{shown}-{y}={value}")
+                digits.append(value)
+                carry = borrow
+        if carry and self.op == "+":
+            digits.append(carry)
+        result = int("".join(str(d) for d in reversed(digits)))
+        return steps, result
+
+    def worked(self, slip: int | None = None) -> str:
+        """The worked answer: the column steps, then the result in ``\\boxed{}``.
+
+        With ``slip`` the steps make that mistake and box the wrong result they lead to.
+        """
+        steps, result = self.columns(slip)
+        return " ".join(steps) + f" \\boxed{{{result}}}"
+
+    def wrong(self, rng: np.random.Generator) -> str:
+        """A worked answer with one plausible slip whose boxed result is wrong."""
+        width = max(len(str(self.a)), len(str(self.b)))
+        for column in rng.permutation(width):
+            text = self.worked(int(column))
+            if self.columns(int(column))[1] != self.answer:
+                return text
+        raise AssertionError(f"no wrong answer found for {self.question}")  # pragma: no cover
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,16 @@ policy loss only and averages its KL over the unrejected mask, which Dew does no
 per-token losses over kept tokens and their count (verl ``token-mean``); for
 ``"session-mean"`` the sum over sessions of each session's token mean and the number of
 sessions with a kept token (verl ``seq-mean-token-mean`` when a session is one chain; with
-several chains a session still counts once, Agent Lightning's per-rollout mean).
+several chains a session still counts once, Agent Lightning's per-rollout mean). With
+``Trainer(microbatches=k)`` the sums add up across microbatches; a session whose chains land
+in two microbatches then counts once in each.
+
+Metrics (scalars, no gradient): ``policy/loss``, ``policy/clip_fraction`` and
+``policy/clip_fraction_lower`` (verl ``pg_clipfrac``/``pg_clipfrac_lower``), ``policy/ppo_kl``,
+``policy/advantage``, ``kl/reference`` (token mean of k3, when ``beta > 0``), ``tokens``;
+with behavior likelihoods ``mismatch/kl``, ``mismatch/k3_kl``, ``mismatch/ess``; each active
+mask's share of trainable tokens removed (``mask/behavior_band``, ``mask/sequence``,
+``mask/geometric``) and ``mask/kept_share``; ``reward/mean`` when the batch has ``rewards``.
 """
 
 from __future__ import annotations
