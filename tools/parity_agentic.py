@@ -444,6 +444,7 @@ def atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; fixtures are committed
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

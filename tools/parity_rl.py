@@ -196,8 +196,10 @@ class Recorder:
             arrays: dict[str, np.ndarray] = {}
             if dtype == "bf16":
                 rounded = {k: _round_bf16(v) if _is_float(v) else v for k, v in inputs.items()}
-                self._run(name, run, rounded, torch.float32, arrays, "", grad_of, grad_wrt)
-                self._run(name, run, rounded, torch.bfloat16, arrays, "_bf16", grad_of, grad_wrt)
+                for tdtype, suffix in ((torch.float32, ""), (torch.bfloat16, "_bf16")):
+                    self._run(
+                        name, run, rounded, tdtype, arrays, suffix, grad_of, grad_wrt, mask_dtype
+                    )
                 stored = rounded
             else:
                 stored = {
@@ -803,13 +805,17 @@ def main() -> None:
         "torch": torch.__version__,
         "recorder": "tools/parity_rl.py",
     }
-    for old in args.out.glob("*.npz"):
-        old.unlink()
-    for old in args.out.glob("*.json"):
-        old.unlink()
-    rec = Recorder(args.out, meta)
-    record_all(rec)
-    total = sum(p.stat().st_size + p.with_suffix(".json").stat().st_size for p in rec.written)
+    # Record into a scratch folder beside the target; the old fixtures are replaced only once
+    # every case has been written.
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=args.out.parent, prefix=".rl-recording-") as tmp:
+        rec = Recorder(Path(tmp), meta)
+        record_all(rec)
+        for old in [*args.out.glob("*.npz"), *args.out.glob("*.json")]:
+            old.unlink()
+        for new in Path(tmp).iterdir():
+            os.replace(new, args.out / new.name)
+    total = sum(p.stat().st_size for p in args.out.iterdir() if p.suffix in (".npz", ".json"))
     print(f"wrote {len(rec.written)} fixtures to {args.out} ({total / 1024:.0f} KiB)")
 
 

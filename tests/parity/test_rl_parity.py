@@ -57,10 +57,6 @@ SPEC_F32 = {
 # (softmax times logits minus logsumexp) cancels: verl's own float32 gradient is 1.4e-6 away
 # from the float64 one on the same inputs, and dew's 1.7e-6.
 F32_ULPS = {"entropy_from_logits": 32}
-# verl's clip fractions are masked means of a float32 indicator; with a float64 mask torch
-# promotes them to float64, dew keeps them float32 (as verl does with an integer mask). They
-# are compared at float32 precision in every dtype.
-FLOAT32_METRICS = {"pg_clipfrac", "pg_clipfrac_lower"}
 
 Outputs = dict[str, jax.Array]
 Adapter = Callable[[dict[str, jax.Array], dict[str, Any]], Outputs]
@@ -182,7 +178,7 @@ def tolerance(dtype: str, scale: float, case: str, kind: str, name: str, upcast:
     """Absolute bound for one comparison; ``scale`` is max |reference|."""
     scale = max(1.0, scale)
     prefix = case.rsplit("_", 1)[0]
-    if dtype == "f64" and name not in FLOAT32_METRICS:
+    if dtype == "f64":
         return 1e-12 * scale
     if dtype in ("f64", "f32") or upcast:
         for (spec_case, spec_name), bound in SPEC_F32.items():

@@ -239,3 +239,36 @@ def test_evaluate_scores_prompt_transitions(model, variables):
     assert float(out["loss"]) == pytest.approx(nll, rel=1e-5)
     summary = GRPOObjective.summarize_evaluation({"loss": float(out["loss"]), "weight": 6.0})
     assert summary["perplexity"] == pytest.approx(math.exp(nll / 6), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"beta": 0.1},
+        {"policy_loss": "gspo", "aggregation": "session-mean", "sequence_mask": (0.1, 10.0)},
+        {"policy_loss": "cispo", "behavior_importance": (0.2, 5.0), "geometric_mask": (0.5, 2.0)},
+    ],
+)
+def test_garbage_outside_the_response_never_reaches_loss_or_gradient(batch, options):
+    rng = np.random.default_rng(0)
+    outside = batch["response_mask"] == 0
+    clean = dict(batch)
+    lp = np.where(outside, 0.0, rng.normal(-1.0, 0.3, outside.shape)).astype(np.float32)
+    ref = np.where(outside, 0.0, lp + 0.1).astype(np.float32)
+    dirty = dict(batch)
+    for name in ("old_log_probs", "behavior_log_probs", "advantages"):
+        dirty[name] = np.where(outside, np.nan, batch[name]).astype(np.float32)
+    dirty_lp = np.where(outside, np.inf, lp).astype(np.float32)
+    dirty_ref = np.where(outside, np.nan, ref).astype(np.float32)
+
+    def run(b, x, r):
+        def fn(v):
+            s, w, _ = policy_loss_from_log_probs(v, b, ref_log_probs=jnp.asarray(r), **options)
+            return s / w
+
+        return jax.value_and_grad(fn)(jnp.asarray(x))
+
+    (l1, g1), (l2, g2) = run(clean, lp, ref), run(dirty, dirty_lp, dirty_ref)
+    assert np.isfinite(float(l2)) and float(l1) == float(l2)
+    np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
+    assert np.all(np.asarray(g2)[outside] == 0)

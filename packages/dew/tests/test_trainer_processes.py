@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -41,16 +42,14 @@ def leaves(path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def test_two_processes_match_one(tmp_path):
-    steps = "3"
-    run([str(tmp_path / "single.npz"), steps, "--devices", "4"])
+def two_processes(out, steps: str, run_dir) -> None:
     port = free_port()
     procs = [
         subprocess.Popen(
             [
                 sys.executable,
                 WORKER,
-                str(tmp_path / "multi.npz"),
+                str(out),
                 steps,
                 "--devices",
                 "2",
@@ -60,6 +59,8 @@ def test_two_processes_match_one(tmp_path):
                 str(i),
                 "--port",
                 str(port),
+                "--run-dir",
+                str(run_dir),
             ],
             env=env(),
             stdout=subprocess.PIPE,
@@ -69,9 +70,20 @@ def test_two_processes_match_one(tmp_path):
         for i in range(2)
     ]
     for p in procs:
-        out, err = p.communicate(timeout=300)
+        out_text, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
-        assert "done 3" in out
+        assert f"done {steps}" in out_text
+
+
+def test_two_processes_match_one(tmp_path):
+    """Two processes of two devices each train on the global batch of one process of four,
+    and resume together from the checkpoint they wrote."""
+    run([str(tmp_path / "single.npz"), "3", "--devices", "4"])
+    two_processes(tmp_path / "multi.npz", "2", tmp_path / "run")
+    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "meta.json").exists()
+    two_processes(tmp_path / "multi.npz", "3", tmp_path / "run")  # resumes at step 2
+    steps = [json.loads(x)["step"] for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert steps == [1, 2, 3]
     single, multi = leaves(tmp_path / "single.npz"), leaves(tmp_path / "multi.npz")
     assert len(single) == len(multi)
     for a, b in zip(single, multi):

@@ -84,9 +84,7 @@ class Evaluator:
 
     def __call__(self, variables: Mapping[str, Any]) -> Accuracy:
         self.generation.bind(variables)
-        out = self.generation(
-            self.contexts, self.max_new_tokens, jax.random.key(0), self.sampling
-        )
+        out = self.generation(self.contexts, self.max_new_tokens, jax.random.key(0), self.sampling)
         assert isinstance(out, list)
         solved = 0
         examples = []

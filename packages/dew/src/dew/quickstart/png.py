@@ -58,7 +58,9 @@ class Canvas:
         if x0 < x1 and y0 < y1:
             self.pixels[y0:y1, x0:x1] = color
 
-    def line(self, x0: float, y0: float, x1: float, y1: float, color: Color, width: int = 1) -> None:
+    def line(
+        self, x0: float, y0: float, x1: float, y1: float, color: Color, width: int = 1
+    ) -> None:
         """A straight segment, sampled at least once per pixel along its longer axis."""
         n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
         for t in np.linspace(0.0, 1.0, n + 1):

@@ -14,6 +14,7 @@ the assistant span of a rendered conversation is its content and the closing ``<
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 from dew.data.chat.template import ChatTokenizer
@@ -56,6 +57,28 @@ def build_tokenizer(corpus: Iterable[str], merges: int = 32) -> ChatTokenizer:
     tok.train_from_iterator(list(corpus), trainer)
     special = {"pad_token": PAD, "eos_token": END}
     return ChatTokenizer(tok, TEMPLATE, special)
+
+
+def save_tokenizer(tokenizer: ChatTokenizer, directory: str) -> None:
+    """Write ``tokenizer.json`` and ``tokenizer_config.json`` (loadable by ``ChatTokenizer.load``
+    and by transformers' ``PreTrainedTokenizerFast``)."""
+    import json
+
+    os.makedirs(directory, exist_ok=True)
+    final = os.path.join(directory, "tokenizer.json")
+    tmp = f"{final}.tmp-{os.getpid()}"
+    tokenizer.tokenizer.save(tmp)
+    os.replace(tmp, final)
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": tokenizer.chat_template,
+        "pad_token": PAD,
+        "eos_token": END,
+    }
+    final = os.path.join(directory, "tokenizer_config.json")
+    with open(f"{final}.tmp-{os.getpid()}", "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=1)
+    os.replace(f"{final}.tmp-{os.getpid()}", final)
 
 
 def token_id(tokenizer: ChatTokenizer, text: str) -> int:

@@ -12,6 +12,8 @@ _NAMES: dict[str, str] = {
     "DPOObjective": "dew.objectives.rl.dpo",
     "GRPOObjective": "dew.objectives.rl.grpo",
     "packed_log_probs": "dew.objectives.rl.grpo",
+    "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
+    "RewardError": "dew.objectives.rl.rollout",
     "SampledRollout": "dew.objectives.rl.rollout",
     "sessions": "dew.objectives.rl.sessions",
 }

@@ -1,0 +1,234 @@
+"""The quickstart's three stages: SFT and DPO through ``dew.recipes.chain``, then GRPO.
+
+* SFT: ``ChatMessages`` over the training problems' worked answers (loss on the assistant
+  tokens), one single-stage ``Recipe`` so it gets its own optimizer (AdamW with warm-up and
+  cosine decay) and batch.
+* DPO: ``PreferencePairs`` of the right worked answer against one with a typical slip
+  (a forgotten carry or borrow, a digit off by one), again a single-stage ``Recipe``; the
+  SFT policy is the frozen reference.
+* GRPO: ``Prompts`` of the training questions, ``SampledRollout`` sampling ``groups``
+  answers per prompt at ``grpo_temperature`` until ``<|end|>``, decoded by the tokenizer and
+  scored by ``MathReward``. It runs on ``Trainer`` directly rather than through the chain,
+  because the chain's GRPO stage keeps ``SampledRollout``'s defaults (token ids as reward
+  text, no end-of-sequence id, temperature 1), which ``MathReward`` cannot read.
+
+Every stage trains in ``RUN_DIR/<stage>`` (checkpoints and ``metrics.jsonl``), so a stage
+that already finished restores its final checkpoint instead of training again, and an
+interrupted one resumes from its newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from dew.data import Loading
+from dew.data.chat import ChatMessages
+from dew.data.chat.template import ChatTokenizer
+from dew.data.preference import PreferencePairs
+from dew.data.prompts import Prompts
+from dew.objectives.rl.grpo import GRPOObjective
+from dew.objectives.rl.rollout import SampledRollout
+from dew.quickstart.config import Settings
+from dew.quickstart.evaluate import prompt_ids
+from dew.quickstart.task import Problem
+from dew.quickstart.tokenizer import END
+from dew.recipes.chain import Recipe, Stage
+from dew.rewards import MathReward
+from dew.sampling import Sampling
+from dew.trainer import Trainer, TrainState
+
+DATA_SOURCE = "dew-quickstart-arithmetic"
+LOADING = Loading(workers=0, threads=1, read_buffer=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What every stage shares: settings, run directory, model, tokenizer and problems."""
+
+    settings: Settings
+    run_dir: str
+    model: Any
+    tokenizer: ChatTokenizer
+    end_id: int
+    train: tuple[Problem, ...]
+    progress: bool | None = None
+
+
+class RewardMetricGRPO(GRPOObjective):
+    """``GRPOObjective`` that also reports the batch's mean rollout reward as ``reward``.
+
+    ``SampledRollout`` adds ``rewards`` ``[N]`` (one per completion) to the packed batch; the
+    objective itself never reads it, so the mean lands in ``metrics.jsonl`` beside the loss.
+    """
+
+    def loss(
+        self,
+        variables: Mapping[str, Any],
+        batch: Mapping[str, jax.Array],
+        key: jax.Array,
+        reference: Mapping[str, Any] | None = None,
+    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        loss_sum, weight, metrics = super().loss(variables, batch, key, reference)
+        if "rewards" in batch:
+            metrics = {**metrics, "reward": jnp.mean(jnp.asarray(batch["rewards"], jnp.float32))}
+        return loss_sum, weight, metrics
+
+
+def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    os.replace(tmp, path)
+
+
+def _conversation(problem: Problem) -> dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": problem.question},
+            {"role": "assistant", "content": problem.worked()},
+        ]
+    }
+
+
+def sft_data(ctx: Context) -> ChatMessages:
+    """The worked answers of the training problems, written to ``RUN_DIR/data/sft.jsonl``."""
+    folder = os.path.join(ctx.run_dir, "data")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "sft.jsonl")
+    _write_jsonl(path, [_conversation(p) for p in ctx.train])
+    s = ctx.settings
+    return ChatMessages(path, ctx.tokenizer, seq_len=s.sft_seq_len, seed=s.seed, loading=LOADING)
+
+
+def response_ids(ctx: Context, text: str) -> list[int]:
+    """The ids of an assistant answer followed by ``<|end|>`` (what the model must write)."""
+    return ctx.tokenizer.encode(text + END)
+
+
+def dpo_data(ctx: Context) -> PreferencePairs:
+    """One pair per training problem: the right worked answer against a slipped one."""
+    rng = np.random.default_rng([ctx.settings.seed, 1])
+    records = []
+    width = 0
+    for problem in ctx.train:
+        prompt = prompt_ids(ctx.tokenizer, problem.question)
+        chosen = response_ids(ctx, problem.worked())
+        rejected = response_ids(ctx, problem.wrong(rng))
+        width = max(width, len(prompt) + len(chosen), len(prompt) + len(rejected))
+        records.append(
+            json.dumps(
+                {
+                    "chosen": prompt + chosen,
+                    "rejected": prompt + rejected,
+                    "chosen_mask": [0] * len(prompt) + [1] * len(chosen),
+                    "rejected_mask": [0] * len(prompt) + [1] * len(rejected),
+                }
+            )
+        )
+    pad = ctx.tokenizer.pad_id or 0
+    return PreferencePairs(
+        records=tuple(records), seq_len=width, pad_id=pad, loading=LOADING, seed=ctx.settings.seed
+    )
+
+
+def prompt_data(ctx: Context) -> Prompts:
+    """The training questions as GRPO prompts, with the exact answer as ground truth."""
+    records = tuple(
+        json.dumps(
+            {
+                "prompt": [{"role": "user", "content": p.question}],
+                "data_source": DATA_SOURCE,
+                "ground_truth": str(p.answer),
+            }
+        )
+        for p in ctx.train
+    )
+    longest = max(len(prompt_ids(ctx.tokenizer, p.question)) for p in ctx.train)
+    return Prompts(
+        records=records,
+        tokenizer=ctx.tokenizer,
+        max_prompt_len=longest,
+        loading=LOADING,
+        seed=ctx.settings.seed,
+    )
+
+
+def _recipe(
+    ctx: Context, stage: Stage, optimizer: Any, batch: int, start: Any, index: int
+) -> TrainState:
+    """Run one chain stage in ``RUN_DIR/<stage.name>`` and return its final state."""
+    options: dict[str, Any] = {}
+    if "progress" in {f.name for f in dataclasses.fields(Recipe)}:
+        options["progress"] = ctx.progress
+    recipe = Recipe(
+        model=ctx.model,
+        optimizer=optimizer,
+        key=jax.random.fold_in(jax.random.key(ctx.settings.seed), index),
+        output=ctx.run_dir,
+        batch=batch,
+        stages=(stage,),
+        pretrained=start,
+        log_every=ctx.settings.log_every,
+        **options,
+    )
+    (state,) = recipe.run()
+    return state
+
+
+def run_sft(ctx: Context, start: Any) -> TrainState:
+    s = ctx.settings
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0, s.sft_lr, max(1, s.sft_steps // 15), s.sft_steps, s.sft_lr * 0.1
+    )
+    optimizer = optax.adamw(schedule, weight_decay=0.01)
+    stage = Stage("sft", sft_data(ctx), steps=s.sft_steps)
+    return _recipe(ctx, stage, optimizer, s.sft_batch, start, 0)
+
+
+def run_dpo(ctx: Context, start: Any) -> TrainState:
+    s = ctx.settings
+    stage = Stage("dpo", dpo_data(ctx), steps=s.dpo_steps, beta=s.dpo_beta)
+    return _recipe(ctx, stage, optax.adam(s.dpo_lr), s.dpo_batch, start, 1)
+
+
+def run_grpo(ctx: Context, start: Any) -> TrainState:
+    s = ctx.settings
+    prompts = prompt_data(ctx)
+    width = prompts.max_prompt_len + s.max_new_tokens
+    objective = RewardMetricGRPO(
+        ctx.model, width - 1, beta=0.0, pretrained=start, sampling_temperature=s.grpo_temperature
+    )
+    rollout = SampledRollout(
+        objective,
+        MathReward(),
+        groups=s.grpo_groups,
+        max_new_tokens=s.max_new_tokens,
+        sampling=Sampling(temperature=s.grpo_temperature, eos_id=ctx.end_id),
+        decode=ctx.tokenizer.decode,
+    )
+    trainer = Trainer(
+        objective,
+        optax.adam(s.grpo_lr),
+        key=jax.random.fold_in(jax.random.key(s.seed), 2),
+        rollout=rollout,
+        progress=ctx.progress,
+    )
+    return trainer.fit(
+        prompts.load(s.grpo_prompts),
+        s.grpo_steps,
+        log_every=s.log_every,
+        run_dir=os.path.join(ctx.run_dir, "grpo"),
+    )
+
+
+STAGES = (("sft", run_sft), ("dpo", run_dpo), ("grpo", run_grpo))
