@@ -1,13 +1,14 @@
 """Every ``python`` code block in ``docs/`` runs, so the guides cannot drift from the code.
 
 Each Markdown page's ```` ```python ```` blocks are executed in order, in one namespace of
-their own, with a temporary working directory of their own. All pages run one after another in
-a single fresh Python subprocess on CPU with JAX's default settings (one interpreter, so JAX is
-imported once, not once a page); a failing block stops its page, not the others. A block whose
-info string carries ``title="not run: <reason>"`` is shown on the site but skipped here; use
-it only for code that cannot run on a CPU-only machine without network (a GPU cluster, a Hub
-download), and give the reason. Blocks in other languages (``bash``, ``text``, ``yaml``) are
-not executed.
+their own, with a temporary working directory of their own. All pages run one after another
+in a single fresh Python subprocess on CPU with JAX's default settings and cheaper XLA
+compilation (one interpreter, so JAX is imported once, not once a page); a failing block stops
+its page, not the others. A block whose info string carries ``title="not run: <reason>"`` is
+shown on the site but skipped here; use it only for code that cannot run on a CPU-only machine
+without network (a container engine, a GPU cluster, a Hub download), and give the reason.
+Blocks in other languages (``bash``, ``text``, ``yaml``) are not executed; keep the guides'
+code in ``python`` blocks.
 
 Failures name the page and the Markdown line: the harness pads each block with blank lines so
 the traceback's line numbers are the page's own.
@@ -30,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: The info-string marker of a block that is displayed but not executed.
 NOT_RUN = 'title="not run'
+#: XLA flags for the docs run: cheaper compilation, same results (see ``run_pages``).
+FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 #: Seconds all pages together may take (tiny shapes; generous because CI machines are shared).
 RUN_TIMEOUT = 900
 
@@ -38,21 +41,26 @@ _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$
 
 @dataclass(frozen=True)
 class Block:
-    """One fenced ``python`` block: its page, the Markdown line of its first code line, the
-    fence's info string after the language, and the dedented code."""
+    """One fenced block: its page, the Markdown line of its first code line, its language, the
+    rest of the fence's info string, and the dedented code."""
 
     page: str
     line: int
+    language: str
     info: str
     code: str
 
     @property
+    def is_python(self) -> bool:
+        return self.language in ("python", "py")
+
+    @property
     def runnable(self) -> bool:
-        return NOT_RUN not in self.info
+        return self.is_python and NOT_RUN not in self.info
 
 
-def extract_blocks(text: str, page: str) -> list[Block]:
-    """The fenced blocks whose language is ``python`` (or ``py``), in page order.
+def fenced_blocks(text: str, page: str) -> list[Block]:
+    """Every fenced code block of a Markdown page, in page order, whatever its language.
 
     Fences may be indented (inside admonitions or list items); the closing fence must use the
     same character and at least as many of them. An unclosed fence raises ``ValueError``.
@@ -66,8 +74,7 @@ def extract_blocks(text: str, page: str) -> list[Block]:
             i += 1
             continue
         fence, indent = opening["fence"], opening["indent"]
-        info = opening["info"].strip()
-        language, _, rest = info.partition(" ")
+        language, _, rest = opening["info"].strip().partition(" ")
         body: list[str] = []
         j = i + 1
         while j < len(lines):
@@ -83,13 +90,17 @@ def extract_blocks(text: str, page: str) -> list[Block]:
             j += 1
         else:
             raise ValueError(f"{page}:{i + 1}: fence {fence!r} is never closed")
-        if language.lower().lstrip("{.") in ("python", "py"):
-            code = textwrap.dedent(
-                "\n".join(line[len(indent) :] if line.startswith(indent) else line for line in body)
-            )
-            blocks.append(Block(page, i + 2, rest.strip(), code))
+        code = textwrap.dedent(
+            "\n".join(line[len(indent) :] if line.startswith(indent) else line for line in body)
+        )
+        blocks.append(Block(page, i + 2, language.lower().lstrip("{."), rest.strip(), code))
         i = j + 1
     return blocks
+
+
+def extract_blocks(text: str, page: str) -> list[Block]:
+    """The fenced blocks whose language is ``python`` (or ``py``), in page order."""
+    return [block for block in fenced_blocks(text, page) if block.is_python]
 
 
 def pages() -> list[Path]:
@@ -163,13 +174,17 @@ def run_pages(pages: dict[str, list[Block]], workdir: Path) -> Run:
     still gets a fresh namespace and its own directory under ``workdir``, so no page sees
     another's names or files.
     """
-    # The default JAX configuration a reader has: CPU, one device, no flags another test set.
+    # The default JAX configuration a reader has: CPU, one device, no JAX settings another
+    # test left in the environment. The only flags set skip the CPU backend's expensive LLVM
+    # optimisation passes: they change how long compiling takes (about 40% less CPU for these
+    # pages, which are mostly compilation), not what the programs compute.
     env = {
         key: value
         for key, value in os.environ.items()
         if key != "XLA_FLAGS" and not key.startswith("JAX_")
     }
     env["JAX_PLATFORMS"] = "cpu"
+    env["XLA_FLAGS"] = FAST_COMPILE_FLAGS
     entries = []
     for index, (page, blocks) in enumerate(pages.items()):
         page_dir = workdir / f"page{index}"
@@ -236,6 +251,16 @@ def test_not_run_blocks_are_rare_and_explained() -> None:
     assert len(skipped) * 5 <= len(blocks), f"too many not-run blocks: {len(skipped)}/{len(blocks)}"
 
 
+def test_guides_hold_only_python_code() -> None:
+    """Every code block of a guide is Python (so it runs here) or ``text`` showing output."""
+    for path in sorted((DOCS / "guides").glob("*.md")):
+        for block in fenced_blocks(path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))):
+            assert block.is_python or block.language == "text", (
+                f"{block.page}:{block.line}: a {block.language or 'plain'} block in a guide is "
+                "never executed; write it as a python block, or show output as text"
+            )
+
+
 # --- tests of the harness itself -------------------------------------------------------------
 
 _SAMPLE = """# A page
@@ -273,6 +298,18 @@ def test_extract_finds_python_blocks_with_lines_and_markers() -> None:
         (19, 'raise SystemExit("never executed")', False),
         (23, 'z = "```"', True),
     ]
+
+
+def test_fenced_blocks_sees_every_language() -> None:
+    blocks = fenced_blocks(_SAMPLE, "sample.md")
+    assert [(b.line, b.language) for b in blocks] == [
+        (6, "python"),
+        (10, "bash"),
+        (15, "python"),
+        (19, "python"),
+        (23, "python"),
+    ]
+    assert [b.runnable for b in blocks] == [True, False, True, False, True]
 
 
 def test_extract_rejects_an_unclosed_fence() -> None:

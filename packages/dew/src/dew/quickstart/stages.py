@@ -115,8 +115,25 @@ def response_ids(ctx: Context, text: str) -> list[int]:
     return ctx.tokenizer.encode(text + END)
 
 
+def first_difference(chosen: list[int], rejected: list[int]) -> int:
+    """Index of the first id where two responses differ (they always differ somewhere)."""
+    for index, (a, b) in enumerate(zip(chosen, rejected)):
+        if a != b:
+            return index
+    if len(chosen) == len(rejected):
+        raise ValueError("rejected: the wrong answer equals the right one")
+    return min(len(chosen), len(rejected))
+
+
 def dpo_data(ctx: Context) -> PreferencePairs:
-    """One pair per training problem: the right worked answer against a slipped one."""
+    """One pair per training problem: the right worked answer against a slipped one.
+
+    The rejected side is scored up to and including its first wrong id only: the ids after a
+    slip are consistent steps from a wrong intermediate result, and pushing them down would
+    teach the model to stop writing well-formed steps. The shared prefix cancels between
+    the two sides, so the preference falls on the slip against the right id and the rest of
+    the right answer.
+    """
     rng = np.random.default_rng([ctx.settings.seed, 1])
     records = []
     width = 0
@@ -125,13 +142,16 @@ def dpo_data(ctx: Context) -> PreferencePairs:
         chosen = response_ids(ctx, problem.worked())
         rejected = response_ids(ctx, problem.wrong(rng))
         width = max(width, len(prompt) + len(chosen), len(prompt) + len(rejected))
+        slip = first_difference(chosen, rejected)
         records.append(
             json.dumps(
                 {
                     "chosen": prompt + chosen,
                     "rejected": prompt + rejected,
                     "chosen_mask": [0] * len(prompt) + [1] * len(chosen),
-                    "rejected_mask": [0] * len(prompt) + [1] * len(rejected),
+                    "rejected_mask": [0] * len(prompt)
+                    + [1] * (slip + 1)
+                    + [0] * (len(rejected) - slip - 1),
                 }
             )
         )
