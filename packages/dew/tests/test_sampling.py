@@ -102,3 +102,13 @@ def test_eos_ids_and_hashing():
 def test_validation_names_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         Sampling(**kwargs)
+
+
+def test_first_argmax_matches_jnp_argmax():
+    from dew.sampling import first_argmax
+
+    x = jax.random.normal(jax.random.key(3), (16, 50))
+    x = x.at[0, 7].set(9.0).at[0, 30].set(9.0)  # tie: first index wins
+    x = x.at[1, 12].set(jnp.nan).at[1, 40].set(jnp.nan)  # NaN: first NaN, like argmax
+    np.testing.assert_array_equal(first_argmax(x), jnp.argmax(x, axis=-1))
+    assert int(first_argmax(x)[0]) == 7 and int(first_argmax(x)[1]) == 12

@@ -8,9 +8,10 @@ Loss convention (sum and weight): ``loss(variables, batch, key, reference)`` ret
 (micro)batch and ``weight`` the number of counted units (loss tokens for LM, pairs for DPO,
 tokens or sessions for GRPO). The Trainer's step loss is ``sum(loss_sum) / sum(weight)`` over
 every microbatch and every device of the step, so ``k`` microbatches of size ``B`` give the
-same update as one batch of size ``k * B``. ``metrics`` are scalars; the Trainer weights them
-like the loss (it reports ``sum(metric) / sum(weight)`` when the metric name ends in
-``_sum``, otherwise the weight-averaged value of each microbatch's metric).
+same update as one batch of size ``k * B``. ``weight`` is treated as a constant (no gradient
+flows through it). ``metrics`` are scalars: one named ``<name>_sum`` is summed over the step
+and reported as ``<name>`` = ``sum / sum(weight)``; any other metric is reported as the
+weight-averaged value of the microbatches' metrics.
 
 EMA rule (``ema_decay``):
 
@@ -42,8 +43,10 @@ class Objective(Protocol):
       ema_decay: ``None`` (no EMA), ``1.0`` (frozen reference) or a decay in ``(0, 1)``.
 
     Optional method ``evaluate(variables, batch, key) -> dict[str, jax.Array]`` returns
-    validation metrics for one batch as sums plus a ``"weight"`` entry, so the Trainer can
-    average them over many batches (see ``dew.objectives.lm.LMObjective.evaluate``).
+    validation metrics for one batch as sums plus a ``"weight"`` entry. The Trainer adds them
+    over every validation batch and reports each sum divided by the total weight, or, when
+    the objective also has ``summarize_evaluation(totals) -> dict[str, float]``, what that
+    returns (``LMObjective`` adds the perplexity there).
     """
 
     ema_decay: float | None

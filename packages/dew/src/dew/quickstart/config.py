@@ -43,6 +43,7 @@ class Settings:
     sft_seq_len: int = 63
     sft_lr: float = 3e-3
     dpo_batch: int = 32
+    dpo_problems: int = 2048
     dpo_lr: float = 1e-4
     dpo_beta: float = 0.1
     grpo_prompts: int = 32
@@ -62,7 +63,7 @@ class Settings:
             base: dict[str, Any] = dict(
                 limit=20, held_out=32, emb_features=32, num_layers=1, num_heads=2,
                 mlp_features=64, sft_steps=40, dpo_steps=10, grpo_steps=10, sft_batch=8,
-                dpo_batch=8, grpo_prompts=4, grpo_groups=4, log_every=2,
+                dpo_batch=8, dpo_problems=64, grpo_prompts=4, grpo_groups=4, log_every=2,
             )  # fmt: skip
         else:
             base = dict(

@@ -35,6 +35,7 @@ from dew.data.chat import ChatMessages
 from dew.data.chat.template import ChatTokenizer
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
+from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.rollout import SampledRollout
 from dew.quickstart.config import Settings
@@ -125,22 +126,41 @@ def first_difference(chosen: list[int], rejected: list[int]) -> int:
     return min(len(chosen), len(rejected))
 
 
-def dpo_data(ctx: Context) -> PreferencePairs:
-    """One pair per training problem: the right worked answer against a slipped one.
+def dpo_data(ctx: Context, start: Any) -> PreferencePairs:
+    """Pairs of the right worked answer against the policy's own wrong one.
 
-    The rejected side is scored up to and including its first wrong id only: the ids after a
-    slip are consistent steps from a wrong intermediate result, and pushing them down would
-    teach the model to stop writing well-formed steps. The shared prefix cancels between
-    the two sides, so the preference falls on the slip against the right id and the rest of
-    the right answer.
+    The starting policy answers ``dpo_problems`` training questions greedily; each wrong
+    answer becomes the rejected side of a pair whose chosen side is the worked answer (when
+    fewer than ``dpo_batch`` answers are wrong, slipped answers from ``Problem.wrong`` fill
+    in). The rejected side is scored up to and including its first wrong id: what follows a
+    slip is a consistent continuation of a wrong intermediate result, and pushing it down
+    would teach the model to stop writing well-formed steps. The shared prefix cancels
+    between the two sides, so the preference falls on the slip against the right id and the
+    rest of the right answer.
     """
-    rng = np.random.default_rng([ctx.settings.seed, 1])
+    s = ctx.settings
+    rng = np.random.default_rng([s.seed, 1])
+    picked = [ctx.train[i] for i in rng.permutation(len(ctx.train))[: s.dpo_problems]]
+    generation = TextGeneration(ctx.model).bind(start)
+    contexts = [prompt_ids(ctx.tokenizer, p.question) for p in picked]
+    sampling = Sampling(temperature=0.0, eos_id=ctx.end_id)
+    drawn = generation(contexts, s.max_new_tokens, jax.random.key(s.seed), sampling)
+    reward = MathReward()
+    pairs: list[tuple[list[int], list[int], list[int]]] = []
+    for problem, prompt, draw in zip(picked, contexts, drawn, strict=True):
+        ids = [int(i) for i in draw.ids]
+        text = ctx.tokenizer.decode([i for i in ids if i != ctx.end_id])
+        if reward(DATA_SOURCE, text, str(problem.answer), "") == 0.0:
+            pairs.append((prompt, response_ids(ctx, problem.worked()), ids))
+    for problem in picked:
+        if len(pairs) >= s.dpo_batch:
+            break
+        prompt = prompt_ids(ctx.tokenizer, problem.question)
+        wrong = response_ids(ctx, problem.wrong(rng))
+        pairs.append((prompt, response_ids(ctx, problem.worked()), wrong))
     records = []
     width = 0
-    for problem in ctx.train:
-        prompt = prompt_ids(ctx.tokenizer, problem.question)
-        chosen = response_ids(ctx, problem.worked())
-        rejected = response_ids(ctx, problem.wrong(rng))
+    for prompt, chosen, rejected in pairs:
         width = max(width, len(prompt) + len(chosen), len(prompt) + len(rejected))
         slip = first_difference(chosen, rejected)
         records.append(
@@ -157,7 +177,7 @@ def dpo_data(ctx: Context) -> PreferencePairs:
         )
     pad = ctx.tokenizer.pad_id or 0
     return PreferencePairs(
-        records=tuple(records), seq_len=width, pad_id=pad, loading=LOADING, seed=ctx.settings.seed
+        records=tuple(records), seq_len=width, pad_id=pad, loading=LOADING, seed=s.seed
     )
 
 
@@ -217,7 +237,7 @@ def run_sft(ctx: Context, start: Any) -> TrainState:
 
 def run_dpo(ctx: Context, start: Any) -> TrainState:
     s = ctx.settings
-    stage = Stage("dpo", dpo_data(ctx), steps=s.dpo_steps, beta=s.dpo_beta)
+    stage = Stage("dpo", dpo_data(ctx, start), steps=s.dpo_steps, beta=s.dpo_beta)
     return _recipe(ctx, stage, optax.adam(s.dpo_lr), s.dpo_batch, start, 1)
 
 
