@@ -94,7 +94,21 @@ def _assert_nothing_left(mark: str, dirs_before: set[str]) -> None:
     assert sandbox_temp_dirs() - dirs_before == set()
 
 
-def test_keyboard_interrupt_in_the_caller_kills_everything() -> None:
+@pytest.fixture()
+def sigint_raises():
+    """Make SIGINT raise KeyboardInterrupt even when the runner started us with it ignored.
+
+    A shell starts background jobs with SIGINT ignored, and Python then installs no
+    handler of its own; CI may run the suite that way.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_keyboard_interrupt_in_the_caller_kills_everything(sigint_raises: None) -> None:
     mark = "dew-interrupt-" + secrets.token_hex(4)
     before = sandbox_temp_dirs()
     fleet = SandboxFleet(ProcessRunner(), limits=LIMITS, workers=2)
@@ -161,7 +175,9 @@ def test_close_from_another_thread_stops_running_programs() -> None:
     _assert_nothing_left(mark, before)
 
 
-def test_interrupted_container_fleet_leaves_no_container(container_image: str) -> None:
+def test_interrupted_container_fleet_leaves_no_container(
+    container_image: str, sigint_raises: None
+) -> None:
     mark = "dew-cinterrupt-" + secrets.token_hex(4)
     before = sandbox_temp_dirs()
     runner = ContainerRunner(container_image)
