@@ -220,8 +220,17 @@ def main() -> None:
         help="CPU threads for both peers (torch.set_num_threads and XLA's intra-op pool); "
         "0 keeps each library's default",
     )
+    parser.add_argument(
+        "--cpus",
+        type=int,
+        default=0,
+        help="pin both peers (this process and the reference subprocess) to the first N "
+        "CPUs; 0 leaves the affinity alone",
+    )
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.cpus > 0:
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.threads == 1:
         flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
@@ -237,7 +246,8 @@ def main() -> None:
         f"model: Qwen3 shape, {ref['params'] / 1e6:.2f}M params, float32; transformers "
         f"{ref['transformers']} torch {ref['torch']} ({ref['threads']} threads); jax {dew['jax']}"
         f"; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; load average {load:.1f} -> "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; best of {args.repeats}"
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; pinned to CPUs "
+        f"{sorted(os.sched_getaffinity(0))}; best of {args.repeats}"
     )
     print(
         f"greedy decode (Server vs generate), prompt {PROMPT_LEN}, {args.new_tokens} new "

@@ -184,3 +184,19 @@ def test_decode_window_equals_full_cache(qwen3):
     np.testing.assert_array_equal(full, windowed)
     for a, b in zip(c1.keys + c1.values, c2.keys + c2.values):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_serving_layout_computes_the_same_function(tie):
+    from dew.models.serving import fuse
+
+    model = models.build("qwen3", **CONFIG, tie_embeddings=tie)
+    ids = jnp.array([[1, 2, 3, 4, 5]], jnp.int32)
+    variables = model.init(jax.random.key(2), ids)
+    fused = fuse(variables, model.config)
+    mlp = fused["params"]["layers_1"]["mlp"]
+    assert sorted(mlp) == ["down_proj", "gate_up_kernel"]
+    assert mlp["gate_up_kernel"].shape == (CONFIG["emb_features"], 2 * CONFIG["mlp_features"])
+    assert fused["params"]["head_kernel"].shape == (CONFIG["emb_features"], CONFIG["vocab_size"])
+    np.testing.assert_allclose(model.apply(fused, ids), model.apply(variables, ids), atol=1e-6)
+    assert "gate_proj" in variables["params"]["layers_1"]["mlp"]  # input left alone

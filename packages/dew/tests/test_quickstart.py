@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import struct
 import zlib
 from fractions import Fraction
@@ -12,6 +14,7 @@ import numpy as np
 import pytest
 
 from dew.quickstart import main
+from dew.quickstart.command import add_command, run_command
 from dew.quickstart.png import Canvas, encode_png
 from dew.quickstart.task import all_problems, split
 from dew.quickstart.tokenizer import END, build_tokenizer, token_id
@@ -117,7 +120,7 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
         assert all(np.isfinite(r["loss"]) for r in records)
         assert stage["final_metrics"]["step"] == stage["steps"]
     grpo = [json.loads(line) for line in open(os.path.join(run_dir, "grpo", "metrics.jsonl"))]
-    assert all(0.0 <= r["reward"] <= 1.0 for r in grpo)
+    assert all(0.0 <= r["reward/mean"] <= 1.0 for r in grpo)
     assert "rewards/accuracy" in stages[1]["final_metrics"]  # a DPO metric
 
     with open(os.path.join(run_dir, "plot.png"), "rb") as f:
@@ -131,13 +134,18 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
     assert "complete" in out and "training" not in out
     assert _snapshot(run_dir) == before
 
+    # The same through a `dew` subcommand registered with add_command.
+    parser = argparse.ArgumentParser(prog="dew")
+    add_command(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["quickstart", *argv])
+    assert args.command == "quickstart" and run_command(args) == 0
+    assert "complete" in capsys.readouterr().out
+    assert _snapshot(run_dir) == before
+
     # A directory whose last stage is missing trains only that stage; the others restore.
     os.remove(os.path.join(run_dir, "summary.json"))
     os.remove(os.path.join(run_dir, "grpo", "result.json"))
-    for name in os.listdir(os.path.join(run_dir, "grpo", "checkpoints")):
-        import shutil
-
-        shutil.rmtree(os.path.join(run_dir, "grpo", "checkpoints", name))
+    shutil.rmtree(os.path.join(run_dir, "grpo", "checkpoints"))
     sft_checkpoints = sorted(os.listdir(os.path.join(run_dir, "sft", "checkpoints")))
     assert main(argv) == 0
     out = capsys.readouterr().out

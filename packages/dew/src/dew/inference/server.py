@@ -14,7 +14,8 @@ kept on the device between calls (its buffers are donated to each program).
 
 Requests therefore join and leave between decode steps. `reload(variables)`
 swaps the weights between two rounds, casting floating leaves to the served
-dtype, and bumps the weights version; each finished `Completion` lists the
+dtype (and rebuilding the fused serving layout of `dew.models.serving`), and
+bumps the weights version; each finished `Completion` lists the
 version that produced each of its tokens. Every request draws from its own
 key, folded with its token index, so what it samples does not depend on which
 other requests share the batch.
@@ -45,6 +46,7 @@ from dew.inference.compiled import ProgramCache, bucket
 from dew.inference.generation import as_key, check_context, tree_signature, variables_of
 from dew.models.config import dtype_name
 from dew.models.decoder import CausalTransformer, KVCache, empty_cache
+from dew.models.serving import fuse
 from dew.sampling import Draw, Sampling, draw, is_eos
 
 _LOG = logging.getLogger(__name__)
@@ -380,7 +382,14 @@ class Server:
                 return x.astype(self.dtype)
             return x
 
-        return jax.tree.map(cast, dict(variables))
+        if "params" not in variables:
+            raise ValueError("variables: expected a mapping with a 'params' collection")
+        try:
+            return fuse(jax.tree.map(cast, dict(variables)), self.model.config)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(
+                f"variables: not a tree of this model's parameters ({error!r})"
+            ) from error
 
     def _take_waiting(self) -> list[tuple[int, _Request]]:
         free = [i for i, r in enumerate(self._active) if r is None]

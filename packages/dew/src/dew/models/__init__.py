@@ -18,7 +18,9 @@ Contract the rest of Dew relies on::
   `method="logits_from_hidden"` maps hidden states to logits.
 * Generation: `method="prefill"` (left-padded ids, lengths, capacity) ->
   (last logits `[B, V]`, `KVCache`) and `method="decode"` (tokens `[B]`, cache,
-  active `[B]`) -> (logits `[B, V]`, cache). Inactive rows keep their cache.
+  active `[B]`, optional static attention window) -> (logits `[B, V]`, cache).
+  Inactive rows keep their cache. `dew.models.serving.fuse` gives an
+  inference-only layout (fused gate/up, pre-transposed head) that `Server` uses.
 * Families: "causal_transformer", "llama", "mistral", "qwen2", "qwen3"
   (`families()`); any `DecoderConfig` field is a keyword (num_kv_heads, head_dim,
   rope_theta, rope_scaling, qk_norm, tie_embeddings, logit_softcap,

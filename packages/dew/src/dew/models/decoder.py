@@ -103,7 +103,10 @@ class CausalTransformer(nn.Module):
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
         """Final hidden states `[..., D]` (already normed) to float32 logits `[..., V]`."""
         cfg = self.config
-        if cfg.tie_embeddings:
+        if self.has_variable("params", "head_kernel"):  # serving layout: [D, V]
+            kernel: jax.Array = self.get_variable("params", "head_kernel")
+            logits = jnp.dot(hidden.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+        elif cfg.tie_embeddings:
             logits = self.embed_tokens.attend(hidden)
         else:
             logits = self.lm_head(hidden)
@@ -204,7 +207,8 @@ class CausalTransformer(nn.Module):
         logits = self.logits_from_hidden(last[:, 0])
         keep = real[:, :, None, None]
         dtype = self.config.compute_dtype
-        keys, values = [], []
+        keys: list[jax.Array] = []
+        values: list[jax.Array] = []
         for k, v in kvs:
             for arr, out in ((k, keys), (v, values)):
                 arr = jnp.where(keep, arr, jnp.zeros_like(arr)).astype(dtype)

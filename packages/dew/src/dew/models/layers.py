@@ -169,15 +169,24 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    """down(silu(gate(x)) * up(x))."""
+    """down(silu(gate(x)) * up(x)).
+
+    A serving layout (`dew.models.serving.fuse`) may replace `gate_proj` and
+    `up_proj` by one `gate_up_kernel` `[D, 2F]`, which is one larger matmul.
+    """
 
     config: DecoderConfig
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.config
-        gate = _dense(cfg.mlp_features, cfg, "gate_proj")(x)
-        up = _dense(cfg.mlp_features, cfg, "up_proj")(x)
+        if self.has_variable("params", "gate_up_kernel"):
+            kernel: jax.Array = self.get_variable("params", "gate_up_kernel")
+            fused = jnp.dot(x.astype(cfg.compute_dtype), kernel.astype(cfg.compute_dtype))
+            gate, up = jnp.split(fused, 2, axis=-1)
+        else:
+            gate = _dense(cfg.mlp_features, cfg, "gate_proj")(x)
+            up = _dense(cfg.mlp_features, cfg, "up_proj")(x)
         return _dense(cfg.emb_features, cfg, "down_proj")(jax.nn.silu(gate) * up)
 
 

@@ -21,16 +21,15 @@ from dew.quickstart.config import SIZES, Settings
 SUMMARY = "summary.json"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="dew quickstart",
-        description=(
-            "Post-train a small decoder from scratch on generated arithmetic: SFT on worked "
-            "answers, DPO on right/wrong pairs, GRPO with an exact-answer reward. Downloads "
-            "nothing; held-out accuracy is measured by greedy decoding before and after each "
-            "stage."
-        ),
-    )
+DESCRIPTION = (
+    "Post-train a small decoder from scratch on generated arithmetic: SFT on worked answers, "
+    "DPO on right/wrong pairs, GRPO with an exact-answer reward. Downloads nothing; held-out "
+    "accuracy is measured by greedy decoding before and after each stage."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The quickstart's options, on a parser of its own or on a ``dew`` subcommand."""
     parser.add_argument(
         "--size", choices=SIZES, default="small", help="model and task preset (default small)"
     )
@@ -54,7 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="progress bars: on a terminal (auto), always or never",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dew quickstart", description=DESCRIPTION)
+    add_arguments(parser)
     return parser
+
+
+def add_command(commands: Any) -> None:
+    """Register ``quickstart`` on the ``dew`` command line's subparsers; dispatch the parsed
+    arguments to :func:`run_command`."""
+    parser = commands.add_parser(
+        "quickstart", help="post-train a small model end to end", description=DESCRIPTION
+    )
+    add_arguments(parser)
 
 
 def _check_settings(run_dir: str, settings: Settings) -> None:
@@ -190,9 +203,8 @@ def _last_metrics(run_dir: str, name: str) -> dict[str, Any]:
     return records[-1] if records else {}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``dew quickstart``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+def run_command(args: argparse.Namespace) -> int:
+    """Run the quickstart for parsed options; returns the exit status."""
     from dew.quickstart.report import read_json, table
 
     run_dir = os.path.abspath(args.run_dir)
@@ -207,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = {"auto": None, "on": True, "off": False}[args.progress]
     run(settings, run_dir, progress)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dew quickstart``; returns the exit status."""
+    return run_command(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

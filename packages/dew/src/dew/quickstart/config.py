@@ -44,12 +44,12 @@ class Settings:
     sft_lr: float = 3e-3
     dpo_batch: int = 32
     dpo_problems: int = 2048
-    dpo_lr: float = 1e-4
+    dpo_lr: float = 3e-6
     dpo_beta: float = 0.1
     grpo_prompts: int = 32
     grpo_groups: int = 8
-    grpo_lr: float = 3e-5
-    grpo_temperature: float = 0.7
+    grpo_lr: float = 5e-5
+    grpo_temperature: float = 0.3
     max_new_tokens: int = 24
     log_every: int = 5
 
@@ -68,7 +68,7 @@ class Settings:
         else:
             base = dict(
                 limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
-                mlp_features=256, sft_steps=350, dpo_steps=40, grpo_steps=60,
+                mlp_features=256, sft_steps=350, dpo_steps=40, grpo_steps=150,
             )  # fmt: skip
         for name in ("sft_steps", "dpo_steps", "grpo_steps"):
             base[name] = max(2, int(round(base[name] * steps)))

@@ -87,7 +87,7 @@ class Evaluator:
         out = self.generation(self.contexts, self.max_new_tokens, jax.random.key(0), self.sampling)
         assert isinstance(out, list)
         solved = 0
-        examples = []
+        examples: list[tuple[str, str, bool]] = []
         for problem, generation in zip(self.problems, out, strict=True):
             ids = [int(i) for i in generation.ids if int(i) != self.eos_id]
             text = self.tokenizer.decode(ids)

@@ -52,6 +52,16 @@ def _label(value: float) -> str:
     return f"{value:.1e}".replace("+", "")
 
 
+def _range(values: Sequence[float], unit: bool) -> tuple[float, float]:
+    """``(low, high)`` of ``values`` (``(0, 1)`` when ``unit``), widened when flat or empty."""
+    if unit or not values:
+        return 0.0, 1.0
+    low, high = min(values), max(values)
+    if high - low < 1e-9:
+        return low - 0.5, high + 0.5
+    return low, high
+
+
 def render(stages: Sequence[StageSeries], width: int = 760, height: int = 560) -> Canvas:
     """Draw the three panels for ``stages`` and return the canvas."""
     canvas = Canvas(width, height)
@@ -77,24 +87,36 @@ def render(stages: Sequence[StageSeries], width: int = 760, height: int = 560) -
             points = _finite([(offsets[k] + s, v) for s, v in getattr(stage, metric)])
             series.append(points)
         values = [y for points in series for _, y in points]
-        if metric == "accuracy":
-            low, high = 0.0, 1.0
-        elif values:
-            low, high = min(values), max(values)
-        else:
-            low, high = 0.0, 1.0
-        if high - low < 1e-9:
-            low, high = low - 0.5, high + 0.5
+        shared = _range([y for points in series for _, y in points], metric == "accuracy")
+        # Losses of different objectives live on different scales: each stage gets its own.
+        ranges = [
+            _range([y for _, y in points], False) if metric == "loss" else shared
+            for points in series
+        ]
 
-        def y_of(value: float, low: float = low, high: float = high, top: int = top,
-                 bottom: int = bottom) -> float:  # fmt: skip
+        def y_of(
+            value: float,
+            k: int,
+            top: int = top,
+            bottom: int = bottom,
+            ranges: list[tuple[float, float]] = ranges,
+        ) -> float:
+            low, high = ranges[k]
             return bottom - (bottom - top) * (value - low) / (high - low)
 
         canvas.line(left, top, left, bottom, INK)
         canvas.line(left, bottom, right, bottom, INK)
         canvas.text(4, top - 2, metric, INK, scale=2)
-        canvas.text(4, top + 14, _label(high), INK)
-        canvas.text(4, bottom - 5, _label(low), INK)
+        if metric == "loss":
+            canvas.text(4, top + 14, "PER STAGE", INK)
+            for k, points in enumerate(series):
+                if points:
+                    x = int(x_of(offsets[k])) + 3
+                    canvas.text(x, top + 2, _label(ranges[k][1]), INK)
+                    canvas.text(x, bottom - 7, _label(ranges[k][0]), INK)
+        else:
+            canvas.text(4, top + 14, _label(shared[1]), INK)
+            canvas.text(4, bottom - 5, _label(shared[0]), INK)
         canvas.text(left, bottom + 4, "0", INK)
         canvas.text(right - 4 * len(str(total)), bottom + 4, str(total), INK)
         for k, stage in enumerate(stages):
@@ -109,10 +131,10 @@ def render(stages: Sequence[StageSeries], width: int = 760, height: int = 560) -
         for k, points in enumerate(series):
             color = STAGE_COLORS[k % len(STAGE_COLORS)]
             for (x0, y0), (x1, y1) in zip(points, points[1:]):
-                canvas.line(x_of(x0), y_of(y0), x_of(x1), y_of(y1), color, width=2)
-            for x, y in points:
+                canvas.line(x_of(x0), y_of(y0, k), x_of(x1), y_of(y1, k), color, width=2)
+            for px, py in points:
                 size = 5 if metric == "accuracy" or len(points) == 1 else 1
-                canvas.point(int(round(x_of(x))), int(round(y_of(y))), color, size)
+                canvas.point(int(round(x_of(px))), int(round(y_of(py, k))), color, size)
     return canvas
 
 

@@ -61,7 +61,9 @@ def stage_series(run_dir: str, stages: Sequence[dict[str, Any]]) -> list[StageSe
     for stage in stages:
         records = read_metrics(os.path.join(run_dir, stage["name"], "metrics.jsonl"))
         loss = tuple((int(r["step"]), _number(r["loss"])) for r in records if "loss" in r)
-        reward = tuple((int(r["step"]), _number(r["reward"])) for r in records if "reward" in r)
+        reward = tuple(
+            (int(r["step"]), _number(r["reward/mean"])) for r in records if "reward/mean" in r
+        )
         accuracy = ((0, stage["accuracy_before"]), (stage["steps"], stage["accuracy_after"]))
         out.append(StageSeries(stage["name"], stage["steps"], loss, reward, accuracy))
     return out

@@ -3,12 +3,13 @@
 * SFT: ``ChatMessages`` over the training problems' worked answers (loss on the assistant
   tokens), one single-stage ``Recipe`` so it gets its own optimizer (AdamW with warm-up and
   cosine decay) and batch.
-* DPO: ``PreferencePairs`` of the right worked answer against one with a typical slip
-  (a forgotten carry or borrow, a digit off by one), again a single-stage ``Recipe``; the
-  SFT policy is the frozen reference.
+* DPO: ``PreferencePairs`` of the right worked answer against the SFT policy's own wrong
+  greedy answer to the same training question (see ``dpo_data``), again a single-stage
+  ``Recipe``; the SFT policy is the frozen reference.
 * GRPO: ``Prompts`` of the training questions, ``SampledRollout`` sampling ``groups``
   answers per prompt at ``grpo_temperature`` until ``<|end|>``, decoded by the tokenizer and
-  scored by ``MathReward``. It runs on ``Trainer`` directly rather than through the chain,
+  scored by ``MathReward``; the objective scores at the same temperature. It runs on
+  ``Trainer`` directly rather than through the chain,
   because the chain's GRPO stage keeps ``SampledRollout``'s defaults (token ids as reward
   text, no end-of-sequence id, temperature 1), which ``MathReward`` cannot read.
 
@@ -22,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -62,26 +61,6 @@ class Context:
     end_id: int
     train: tuple[Problem, ...]
     progress: bool | None = None
-
-
-class RewardMetricGRPO(GRPOObjective):
-    """``GRPOObjective`` that also reports the batch's mean rollout reward as ``reward``.
-
-    ``SampledRollout`` adds ``rewards`` ``[N]`` (one per completion) to the packed batch; the
-    objective itself never reads it, so the mean lands in ``metrics.jsonl`` beside the loss.
-    """
-
-    def loss(
-        self,
-        variables: Mapping[str, Any],
-        batch: Mapping[str, jax.Array],
-        key: jax.Array,
-        reference: Mapping[str, Any] | None = None,
-    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-        loss_sum, weight, metrics = super().loss(variables, batch, key, reference)
-        if "rewards" in batch:
-            metrics = {**metrics, "reward": jnp.mean(jnp.asarray(batch["rewards"], jnp.float32))}
-        return loss_sum, weight, metrics
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
@@ -145,6 +124,7 @@ def dpo_data(ctx: Context, start: Any) -> PreferencePairs:
     contexts = [prompt_ids(ctx.tokenizer, p.question) for p in picked]
     sampling = Sampling(temperature=0.0, eos_id=ctx.end_id)
     drawn = generation(contexts, s.max_new_tokens, jax.random.key(s.seed), sampling)
+    assert isinstance(drawn, list)
     reward = MathReward()
     pairs: list[tuple[list[int], list[int], list[int]]] = []
     for problem, prompt, draw in zip(picked, contexts, drawn, strict=True):
@@ -245,7 +225,7 @@ def run_grpo(ctx: Context, start: Any) -> TrainState:
     s = ctx.settings
     prompts = prompt_data(ctx)
     width = prompts.max_prompt_len + s.max_new_tokens
-    objective = RewardMetricGRPO(
+    objective = GRPOObjective(
         ctx.model, width - 1, beta=0.0, pretrained=start, sampling_temperature=s.grpo_temperature
     )
     rollout = SampledRollout(
@@ -257,7 +237,7 @@ def run_grpo(ctx: Context, start: Any) -> TrainState:
         decode=ctx.tokenizer.decode,
     )
     trainer = Trainer(
-        objective,
+        objective,  # type: ignore[arg-type]  # its ema_decay is a read-only property
         optax.adam(s.grpo_lr),
         key=jax.random.fold_in(jax.random.key(s.seed), 2),
         rollout=rollout,

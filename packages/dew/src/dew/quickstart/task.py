@@ -9,10 +9,12 @@ different split.
 Texts:
 
 * the question, for example ``"37+48"`` (the user message);
-* a worked answer (the SFT target): the sum written out, then the result in ``\\boxed{}``,
-  for example ``"37+48=85 \\boxed{85}"``;
-* a wrong answer for DPO's rejected side: the same shape with a result moved by a typical
-  slip (a dropped or doubled carry, an off-by-one digit), never equal to the right result.
+* a worked answer (the SFT target): column additions or subtractions from the ones digit up,
+  then the result in ``\\boxed{}``, for example ``"7+8=15 3+4+1=8 \\boxed{85}"``. Writing
+  the columns out lets a small model learn the algorithm instead of memorising results, so
+  held-out problems are solved by the same single-digit steps as the training ones;
+* a wrong worked answer (DPO's fallback rejected side): the same steps with one typical slip
+  (a forgotten carry or borrow, a column off by one) and the wrong result it leads to.
 """
 
 from __future__ import annotations
