@@ -15,7 +15,9 @@ import pytest
 
 from dew.quickstart import main
 from dew.quickstart.command import add_command, run_command
+from dew.quickstart.config import Settings
 from dew.quickstart.png import Canvas, encode_png
+from dew.quickstart.stages import first_difference
 from dew.quickstart.task import all_problems, split
 from dew.quickstart.tokenizer import END, build_tokenizer, token_id
 from dew.rewards import MathReward
@@ -165,3 +167,22 @@ def test_other_settings_in_the_same_run_dir_are_refused(tmp_path):
         json.dump({"size": "small"}, f)
     with pytest.raises(SystemExit, match="other settings"):
         main(["--size", "tiny", "--steps", "0.1", "--run-dir", run_dir, "--progress", "off"])
+
+
+def test_first_difference_marks_where_the_rejected_answer_departs():
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 1  # stops early: its last id
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    with pytest.raises(ValueError, match="equals"):
+        first_difference([1, 2], [1, 2])
+
+
+def test_settings_scale_steps_and_refuse_unknown_sizes():
+    base = Settings.for_size("small")
+    half = Settings.for_size("small", steps=0.5, seed=3)
+    assert half.sft_steps == round(base.sft_steps * 0.5) and half.seed == 3
+    assert Settings.for_size("tiny", steps=0.001).grpo_steps == 2
+    with pytest.raises(ValueError, match="size"):
+        Settings.for_size("huge")
+    with pytest.raises(ValueError, match="steps"):
+        Settings.for_size("tiny", steps=0)

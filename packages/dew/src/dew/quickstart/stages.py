@@ -96,13 +96,17 @@ def response_ids(ctx: Context, text: str) -> list[int]:
 
 
 def first_difference(chosen: list[int], rejected: list[int]) -> int:
-    """Index of the first id where two responses differ (they always differ somewhere)."""
+    """Index into ``rejected`` of its first id that departs from ``chosen``.
+
+    When ``rejected`` is a strict prefix of ``chosen`` its last id is returned (that is where
+    it stops early); identical responses are refused.
+    """
     for index, (a, b) in enumerate(zip(chosen, rejected)):
         if a != b:
             return index
     if len(chosen) == len(rejected):
         raise ValueError("rejected: the wrong answer equals the right one")
-    return min(len(chosen), len(rejected))
+    return min(len(chosen), len(rejected) - 1)
 
 
 def dpo_data(ctx: Context, start: Any) -> PreferencePairs:
