@@ -179,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dew.recipes.cli import add_chain_command
 
     add_chain_command(commands)  # ``dew chain CONFIG`` (dew.recipes.cli)
+    from dew.quickstart.command import add_command as add_quickstart_command
+
+    add_quickstart_command(commands)  # ``dew quickstart`` (dew.quickstart)
     return parser
 
 
@@ -302,6 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dew.recipes.cli import run_chain
 
         return run_chain(args)
+    if args.command == "quickstart":
+        from dew.quickstart.command import run_command
+
+        return run_command(args)
     return 2  # pragma: no cover - argparse requires a command
 
 
