@@ -13,6 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from dew.cli import main as dew_main
 from dew.quickstart import main
 from dew.quickstart.command import add_command, run_command
 from dew.quickstart.config import Settings
@@ -141,6 +142,8 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
     add_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["quickstart", *argv])
     assert args.command == "quickstart" and run_command(args) == 0
+    assert "complete" in capsys.readouterr().out
+    assert dew_main(["quickstart", *argv]) == 0  # the `dew` console script
     assert "complete" in capsys.readouterr().out
     assert _snapshot(run_dir) == before
 

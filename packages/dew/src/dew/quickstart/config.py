@@ -1,9 +1,22 @@
 """The quickstart's settings: model sizes, stage steps and learning rates.
 
 ``Settings.for_size(size, steps=..., seed=...)`` gives the preset of a size scaled by
-``steps`` (every stage's step count is multiplied and rounded, at least 2 steps each). The
-presets were tuned so that, on two CPU cores, the ``small`` run finishes in a few minutes and
-GRPO raises held-out accuracy over the policy it starts from (see the package docstring).
+``steps`` (every stage's step count is multiplied and rounded, at least 2 steps each).
+
+The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 350 SFT, 40 DPO and
+150 GRPO steps) was tuned on two shared CPU cores. Held-out greedy accuracy over 200
+problems, seeds 0, 1, 2 (SFT / DPO / GRPO after each stage), each run about two minutes:
+
+* seed 0: 0.735 / 0.710 / 0.780
+* seed 1: 0.345 / 0.385 / 0.515
+* seed 2: 0.600 / 0.670 / 0.770
+
+What the tuning found: the worked column format generalises (memorised results did not);
+GRPO samples at a low temperature (0.3, the objective scoring at the same temperature),
+because at temperature 0.7-1.0 its updates pushed greedy accuracy down while the sampled
+reward barely moved; DPO pairs are the policy's own wrong answers at a small learning rate,
+since DPO on near-identical pairs lowers the chosen answers' likelihood too (larger rates
+collapsed accuracy). ``tiny`` only exercises the machinery (tests); it learns little.
 """
 
 from __future__ import annotations
