@@ -111,9 +111,9 @@ def render(stages: Sequence[StageSeries], width: int = 760, height: int = 560) -
             canvas.text(4, top + 14, "PER STAGE", INK)
             for k, points in enumerate(series):
                 if points:
-                    x = int(x_of(offsets[k])) + 3
-                    canvas.text(x, top + 2, _label(ranges[k][1]), INK)
-                    canvas.text(x, bottom - 7, _label(ranges[k][0]), INK)
+                    label_x = int(x_of(offsets[k])) + 3
+                    canvas.text(label_x, top + 2, _label(ranges[k][1]), INK)
+                    canvas.text(label_x, bottom - 7, _label(ranges[k][0]), INK)
         else:
             canvas.text(4, top + 14, _label(shared[1]), INK)
             canvas.text(4, bottom - 5, _label(shared[0]), INK)
