@@ -110,6 +110,7 @@ class Recipe:
       stages: the stages, in order.
       pretrained: variables the first stage starts from (None: a fresh initialisation).
       log_every: metrics cadence passed to ``Trainer.fit``.
+      progress: a progress bar per stage (None: only when stderr is a terminal).
     """
 
     model: Any
@@ -120,6 +121,7 @@ class Recipe:
     stages: Sequence[Stage]
     pretrained: Mapping[str, Any] | None = None
     log_every: int | None = None
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         self.stages = tuple(self.stages)
@@ -182,7 +184,7 @@ class Recipe:
                 self.optimizer,
                 key=jax.random.fold_in(self.key, index),
                 rollout=rollout,
-                progress=False,
+                progress=self.progress,
             )
             state = trainer.fit(
                 stage.data.load(self.batch),
