@@ -19,7 +19,7 @@ from dew.quickstart.command import add_command, run_command
 from dew.quickstart.config import Settings
 from dew.quickstart.png import Canvas, encode_png
 from dew.quickstart.stages import first_difference
-from dew.quickstart.task import all_problems, split
+from dew.quickstart.task import Problem, all_problems, split
 from dew.quickstart.tokenizer import END, build_tokenizer, token_id
 from dew.rewards import MathReward
 from dew.rewards.math_answer import last_boxed
@@ -189,3 +189,26 @@ def test_settings_scale_steps_and_refuse_unknown_sizes():
         Settings.for_size("huge")
     with pytest.raises(ValueError, match="steps"):
         Settings.for_size("tiny", steps=0)
+
+
+def test_code_form_of_a_problem() -> None:
+    problem = Problem(37, "+", 48)
+    assert problem.code_question == "python 37+48"
+    assert problem.program() == "```python\nprint(37+48)\n```"
+    assert json.loads(problem.code_tests()) == [{"stdin": "", "stdout": "85"}]
+
+
+def test_code_without_the_sandbox_distribution_says_what_to_install(monkeypatch) -> None:
+    import dew.quickstart.plugins as plugins
+
+    monkeypatch.setattr(plugins, "entry_points", lambda **_: ())
+    with pytest.raises(SystemExit, match="install the dew-sandbox distribution"):
+        plugins.load_code_reward()
+
+
+def test_settings_record_the_code_stage() -> None:
+    plain = Settings.for_size("tiny")
+    code = Settings.for_size("tiny", code=True, steps=2.0)
+    assert plain.code is False and code.code is True
+    assert code.code_steps == 2 * plain.code_steps
+    assert plain.as_dict() != code.as_dict()

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -42,6 +44,12 @@ def clipped_surrogate_terms(
     so a nan there reaches neither the terms, the metrics nor any gradient; their terms
     are 0.
 
+    With Python-number bounds the backward pass is written out (``jax.custom_vjp``): it
+    keeps only the inputs and recomputes ``exp(log_ratio)``, which under ``jax.jit`` on CPU
+    saves storing the exponential between the passes; it returns autodiff's gradients.
+    Forward-mode differentiation (``jax.jvp``) then does not apply; traced bounds use
+    plain autodiff.
+
     Args:
       log_ratio: ``[B, T]`` log importance ratios.
       advantages: ``[B, T]`` advantages (rollout data), same dtype.
@@ -66,25 +74,130 @@ def clipped_surrogate_terms(
     keep = keep_of(mask)
     log_ratio = select(log_ratio, keep)
     advantages = select(advantages, keep)
+    parts = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
 
-    ratio = jnp.exp(log_ratio)
-    unclipped = -advantages * ratio
-    clipped = -advantages * clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    terms = jnp.maximum(unclipped, clipped)
-    clipfrac = masked_mean((clipped > unclipped).astype(jnp.float32), mask)
-
+    clipfrac = masked_mean((parts.clipped > parts.unclipped).astype(jnp.float32), mask)
     if dual_clip is None:
         clipfrac_lower = jnp.zeros((), jnp.float32)
     else:
-        capped = -advantages * jnp.asarray(dual_clip, log_ratio.dtype)
-        negative = advantages < 0
-        clipfrac_lower = masked_mean(((terms > capped) & negative).astype(jnp.float32), mask)
-        terms = jnp.where(negative, jnp.minimum(capped, terms), terms)
-
+        binds = (parts.larger > parts.capped) & parts.negative
+        clipfrac_lower = masked_mean(binds.astype(jnp.float32), mask)
     metrics = {
         "pg_clipfrac": clipfrac,
         "pg_clipfrac_lower": clipfrac_lower,
         "ppo_kl": masked_mean(-log_ratio, mask),
     }
     metrics = jax.lax.stop_gradient(metrics)
-    return select(terms, keep), metrics
+
+    bounds = (epsilon_low, epsilon_high, dual_clip)
+    if all(b is None or is_python_number(b) for b in bounds):
+        terms = _terms(log_ratio, advantages, keep, *bounds)
+    else:  # traced bounds may carry gradients of their own: plain autodiff
+        terms = select(parts.terms, keep)
+    return terms, metrics
+
+
+class _Parts:
+    """The surrogate's intermediate arrays for masked-in ``log_ratio`` and ``advantages``."""
+
+    def __init__(
+        self,
+        log_ratio: jax.Array,
+        advantages: jax.Array,
+        epsilon_low: float,
+        epsilon_high: float,
+        dual_clip: float | None,
+    ) -> None:
+        self.ratio = jnp.exp(log_ratio)
+        self.low, self.high = 1 - epsilon_low, 1 + epsilon_high
+        self.neg_advantages = -advantages
+        self.unclipped = self.neg_advantages * self.ratio
+        self.clipped = self.neg_advantages * clamp(self.ratio, self.low, self.high)
+        self.larger = jnp.maximum(self.unclipped, self.clipped)
+        self.terms = self.larger
+        self.dual = dual_clip is not None
+        if dual_clip is not None:
+            self.capped = -advantages * jnp.asarray(dual_clip, log_ratio.dtype)
+            self.negative = advantages < 0
+            self.smaller = jnp.minimum(self.capped, self.larger)
+            self.terms = jnp.where(self.negative, self.smaller, self.larger)
+
+
+def _share(x: jax.Array, result: jax.Array, other: jax.Array) -> jax.Array:
+    """The share of ``max``/``min``'s cotangent that reaches ``x``, as jax.lax defines it:
+    1 when ``x`` is the result alone, 1/2 at a tie with ``other``, 0 otherwise."""
+    half_or_one = jnp.where(other == result, 0.5, 1.0).astype(x.dtype)
+    return jnp.where(x == result, half_or_one, jnp.zeros((), x.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _terms(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    keep: jax.Array,
+    epsilon_low: float,
+    epsilon_high: float,
+    dual_clip: float | None,
+) -> jax.Array:
+    parts = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
+    return select(parts.terms, keep)
+
+
+def _terms_forward(
+    log_ratio: jax.Array,
+    advantages: jax.Array,
+    keep: jax.Array,
+    epsilon_low: float,
+    epsilon_high: float,
+    dual_clip: float | None,
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    terms = _terms(log_ratio, advantages, keep, epsilon_low, epsilon_high, dual_clip)
+    return terms, (log_ratio, advantages, keep)
+
+
+def _terms_backward(
+    epsilon_low: float,
+    epsilon_high: float,
+    dual_clip: float | None,
+    residuals: tuple[jax.Array, jax.Array, jax.Array],
+    cotangent: jax.Array,
+) -> tuple[jax.Array, jax.Array, None]:
+    """Reverse-mode autodiff's gradients of the terms, recomputed from the inputs.
+
+    Only the (already masked) inputs are saved, so XLA computes ``exp(log_ratio)`` in the
+    backward loop again instead of storing it in the forward one; the barrier keeps it
+    from merging the two computations back into one stored array. The products follow
+    autodiff's order, and the branch shares are autodiff's (``max``/``min`` split a tie
+    evenly, the clamp passes gradient at and inside its bounds), so the log-ratio gradient
+    is autodiff's to the bit, nan and inf at kept positions included. The advantages'
+    gradient (two products summed at a tie) may differ in the last place under jit, where
+    XLA may contract a multiply-add into one rounding.
+    """
+    log_ratio, advantages, keep = jax.lax.optimization_barrier(residuals)
+    p = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
+    zero = jnp.zeros((), cotangent.dtype)
+    # clamp's gradient: blocked only strictly beyond a bound (a nan passes).
+    in_band = ~(p.ratio < p.low) & ~(p.ratio > p.high)
+    to_unclipped = _share(p.unclipped, p.larger, p.clipped)
+    to_clipped = _share(p.clipped, p.larger, p.unclipped)
+    to_capped = zero
+    if p.dual:
+        # The dual clip's min on negative advantages: what reaches max and the cap.
+        to_larger = jnp.where(p.negative, _share(p.larger, p.smaller, p.capped), 1.0)
+        to_capped = jnp.where(p.negative, _share(p.capped, p.smaller, p.larger), zero)
+        to_unclipped *= to_larger
+        to_clipped *= to_larger
+    weight = to_unclipped + jnp.where(in_band, to_clipped, zero)
+    grad_log_ratio = ((cotangent * weight) * p.neg_advantages) * p.ratio
+    clamped = clamp(p.ratio, p.low, p.high)
+    # Each use of -advantages transposes through its own negation, as in autodiff.
+    grad_advantages = -((cotangent * to_clipped) * clamped) + -(
+        (cotangent * to_unclipped) * p.ratio
+    )
+    if dual_clip is not None:
+        capped_grad = (cotangent * to_capped) * jnp.asarray(dual_clip, cotangent.dtype)
+        grad_advantages = grad_advantages + -capped_grad
+    return select(grad_log_ratio, keep), select(grad_advantages, keep), None
+
+
+_terms.defvjp(_terms_forward, _terms_backward)

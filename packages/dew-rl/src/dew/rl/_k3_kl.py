@@ -27,6 +27,8 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     inside their bounds, none beyond (torch's rule).
 
     For a KL loss, aggregate like the policy loss, ``beta * token_mean(k3_kl(...), mask)``.
+    The backward pass is written out (``jax.custom_vjp``, so no ``jax.jvp``): it keeps only
+    the inputs and recomputes ``exp(d)``, returning autodiff's gradient term for term.
 
     Args:
       log_probs: ``[B, T]`` log-probabilities under the policy.
@@ -40,6 +42,53 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     require_float("log_probs", log_probs)
     require_same_shape("ref_log_probs", ref_log_probs, "log_probs", log_probs)
     require_same_dtype("ref_log_probs", ref_log_probs, "log_probs", log_probs)
-    d = clamp(ref_log_probs - log_probs, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
-    estimate = jnp.exp(d) - d - 1
-    return clamp(estimate, -K3_ESTIMATE_BOUND, K3_ESTIMATE_BOUND)
+    return _k3(log_probs, ref_log_probs)
+
+
+def _k3_value(
+    log_probs: jax.Array, ref_log_probs: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The clamped estimate, ``exp(d)``, and where both clamps pass gradient (torch's rule).
+
+    ``jnp.clip`` gives the values of :func:`clamp` (nan included) but is a different
+    expression: with ``d`` feeding only the subtraction and the clip only the exponential,
+    XLA fuses the whole chain into its consumer instead of storing ``d`` for two users.
+    """
+    diff = ref_log_probs - log_probs
+    d = clamp(diff, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
+    e = jnp.exp(jnp.clip(diff, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND))
+    estimate = e - d - 1
+    # Each clamp passes gradient unless its input lies strictly beyond a bound (nan passes).
+    passes = ~(diff < -K3_LOG_RATIO_BOUND) & ~(diff > K3_LOG_RATIO_BOUND)
+    passes &= ~(estimate < -K3_ESTIMATE_BOUND) & ~(estimate > K3_ESTIMATE_BOUND)
+    return clamp(estimate, -K3_ESTIMATE_BOUND, K3_ESTIMATE_BOUND), e, passes
+
+
+@jax.custom_vjp
+def _k3(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
+    return _k3_value(log_probs, ref_log_probs)[0]
+
+
+def _k3_forward(
+    log_probs: jax.Array, ref_log_probs: jax.Array
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    return _k3(log_probs, ref_log_probs), (log_probs, ref_log_probs)
+
+
+def _k3_backward(
+    residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Autodiff's gradient, term for term, recomputed from the inputs.
+
+    Saving only the inputs lets XLA keep ``exp(d)`` in registers instead of writing it out
+    in the forward pass and reading it back here; the barrier stops it from merging this
+    recomputation with the forward one into a stored array.
+    """
+    log_probs, ref_log_probs = jax.lax.optimization_barrier(residuals)
+    _, e, passes = _k3_value(log_probs, ref_log_probs)
+    # d/dd of exp(d) - d - 1, accumulated as reverse mode does: ct * exp(d) - ct.
+    grad_d = jnp.where(passes, cotangent * e - cotangent, jnp.zeros((), cotangent.dtype))
+    return -grad_d, grad_d
+
+
+_k3.defvjp(_k3_forward, _k3_backward)

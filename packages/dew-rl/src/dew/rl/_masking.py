@@ -97,6 +97,24 @@ def count_dtype_for(size: int) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if size < _EXACT_FLOAT32_COUNT else jnp.dtype(jnp.int32)
 
 
+#: Lane counts tried for the whole-array count; each partial count fits in uint8.
+_COUNT_LANES = (16, 8, 4, 2)
+
+
 def count_kept(keep: jax.Array, axis: int | tuple[int, ...] | None = None) -> jax.Array:
-    """Exact number of kept positions along ``axis`` (float32 or int32, see above)."""
-    return jnp.sum(keep, axis=axis, dtype=count_dtype_for(keep.size))
+    """Exact number of kept positions along ``axis`` (float32 or int32, see above).
+
+    For a whole-array float32 count the flat mask is cut into ``k`` equal slices that are
+    added byte-wise (each partial is at most 16, exact in uint8) and only those partials
+    are summed in float32: XLA on CPU then reads the one-byte mask once instead of writing
+    and reading back a float32 copy of it. The result is the same exact count.
+    """
+    dtype = count_dtype_for(keep.size)
+    if axis is None and dtype == jnp.float32 and keep.dtype == jnp.bool_:
+        size = keep.size
+        for lanes in _COUNT_LANES:
+            if size % lanes == 0:
+                slices = keep.reshape(lanes, size // lanes).astype(jnp.uint8)
+                partial = jnp.sum(slices, axis=0, dtype=jnp.uint8)
+                return jnp.sum(partial, dtype=dtype)
+    return jnp.sum(keep, axis=axis, dtype=dtype)

@@ -10,6 +10,7 @@ process exit status.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -46,6 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-dir",
         default="dew-quickstart",
         help="where checkpoints, metrics, summary.json and plot.png go (default ./dew-quickstart)",
+    )
+    parser.add_argument(
+        "--code",
+        action="store_true",
+        help="add a stage that writes Python programs, rewarded by running them in the "
+        "dew-sandbox fleet (needs dew-sandbox installed)",
     )
     parser.add_argument(
         "--progress",
@@ -95,7 +102,10 @@ def _context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
     from dew.quickstart.tokenizer import END, build_tokenizer, save_tokenizer, token_id, vocab_size
 
     problems = split(settings.limit, settings.held_out, settings.seed)
-    tokenizer = build_tokenizer(p.worked() for p in problems.train)
+    texts = [p.worked() for p in problems.train]
+    if settings.code:
+        texts += [f"{p.code_question} {p.program()}" for p in problems.train[::4]]
+    tokenizer = build_tokenizer(texts)
     save_tokenizer(tokenizer, os.path.join(run_dir, "tokenizer"))
     model = models.build(
         "causal_transformer",
@@ -120,21 +130,57 @@ def _context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
 
 def run(settings: Settings, run_dir: str, progress: bool | None = None) -> dict[str, Any]:
     """Train (or restore) every stage and return the summary written to ``summary.json``."""
-    import jax
-
     from dew.quickstart.evaluate import Evaluator
-    from dew.quickstart.report import read_json, table, write_json, write_report_plot
-    from dew.quickstart.stages import STAGES
+    from dew.quickstart.stages import stages
 
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
     _check_settings(run_dir, settings)
-    ctx, held_out = _context(settings, run_dir, progress)
-    evaluate = Evaluator(ctx.model, ctx.tokenizer, held_out, ctx.end_id, settings.max_new_tokens)
+    with contextlib.ExitStack() as stack:
+        ctx, held_out = _context(settings, run_dir, progress)
+        evaluators = {"": Evaluator(ctx.model, ctx.tokenizer, held_out, ctx.end_id,
+                                    settings.max_new_tokens)}  # fmt: skip
+        if settings.code:
+            ctx, evaluators["code"] = _code_setup(stack, ctx, held_out)
+        return _run_stages(settings, run_dir, ctx, evaluators, stages(settings), t0)
+
+
+def _code_setup(stack: contextlib.ExitStack, ctx: Any, held_out: Any) -> tuple[Any, Any]:
+    """Open the sandbox fleet for ``--code``: the stage's reward and its held-out evaluator."""
+    import dataclasses
+
+    from dew.quickstart.evaluate import Evaluator
+    from dew.quickstart.plugins import load_code_reward
+    from dew.quickstart.stages import DATA_SOURCE, code_new_tokens
+
+    reward = stack.enter_context(load_code_reward()())
+    ctx = dataclasses.replace(ctx, code_reward=reward)
+    settings = ctx.settings
+    evaluator = Evaluator(
+        ctx.model,
+        ctx.tokenizer,
+        held_out[: settings.code_held_out],
+        ctx.end_id,
+        code_new_tokens(settings),
+        question=lambda p: p.code_question,
+        score=lambda p, text: reward(DATA_SOURCE, text, p.code_tests(), "") > 0,
+    )
+    return ctx, evaluator
+
+
+def _run_stages(
+    settings: Settings, run_dir: str, ctx: Any, evaluators: Any, stages: Any, t0: float
+) -> dict[str, Any]:
+    import jax
+
+    from dew.quickstart.report import read_json, table, write_json, write_report_plot
+
     params: Any = _initial_params(ctx)
     before: Any = None
+    measured_by: Any = None
     results = []
-    for name, train in STAGES:
+    for name, train in stages:
+        evaluate = evaluators.get(name, evaluators[""])
         result_path = os.path.join(run_dir, name, "result.json")
         steps = getattr(settings, f"{name}_steps")
         if os.path.isfile(result_path):
@@ -144,8 +190,9 @@ def run(settings: Settings, run_dir: str, progress: bool | None = None) -> dict[
             results.append(read_json(result_path))
             before = None
             continue
-        if before is None:
+        if before is None or measured_by is not evaluate:
             before = evaluate(params)
+            measured_by = evaluate
         start = time.perf_counter()
         print(f"[{name}] training {steps} steps", flush=True)
         state = train(ctx, params)
@@ -208,7 +255,7 @@ def run_command(args: argparse.Namespace) -> int:
     from dew.quickstart.report import read_json, table
 
     run_dir = os.path.abspath(args.run_dir)
-    settings = Settings.for_size(args.size, steps=args.steps, seed=args.seed)
+    settings = Settings.for_size(args.size, steps=args.steps, seed=args.seed, code=args.code)
     summary_path = os.path.join(run_dir, SUMMARY)
     if os.path.isfile(summary_path):
         summary = read_json(summary_path)

@@ -37,6 +37,8 @@ class Settings:
     sft_batch: packed SFT rows per step (``sft_seq_len + 1`` tokens each).
     dpo_batch: pairs per step. grpo_prompts: prompts per GRPO step; grpo_groups: samples each.
     *_lr: peak learning rates (SFT warms up and decays with a cosine; DPO and GRPO are flat).
+    code: add the ``--code`` stage (code questions join the SFT data, then GRPO with
+    ``CodeReward``); code_steps: its GRPO steps; code_held_out: held-out code questions.
     dpo_beta: DPO's preference scale. grpo_temperature: sampling temperature of the rollouts
     (the objective scores at the same temperature). max_new_tokens: response budget.
     """
@@ -65,9 +67,12 @@ class Settings:
     grpo_temperature: float = 0.3
     max_new_tokens: int = 24
     log_every: int = 5
+    code: bool = False
+    code_steps: int = 40
+    code_held_out: int = 64
 
     @classmethod
-    def for_size(cls, size: str, steps: float = 1.0, seed: int = 0) -> Settings:
+    def for_size(cls, size: str, steps: float = 1.0, seed: int = 0, code: bool = False) -> Settings:
         if size not in SIZES:
             raise ValueError(f"size: expected one of {SIZES}, got {size!r}")
         if not steps > 0:
@@ -77,15 +82,17 @@ class Settings:
                 limit=20, held_out=32, emb_features=32, num_layers=1, num_heads=2,
                 mlp_features=64, sft_steps=40, dpo_steps=10, grpo_steps=10, sft_batch=8,
                 dpo_batch=8, dpo_problems=64, grpo_prompts=4, grpo_groups=4, log_every=2,
+                code_steps=4, code_held_out=8,
             )  # fmt: skip
         else:
             base = dict(
                 limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
                 mlp_features=256, sft_steps=350, dpo_steps=40, grpo_steps=150,
             )  # fmt: skip
-        for name in ("sft_steps", "dpo_steps", "grpo_steps"):
+        base.setdefault("code_steps", cls.code_steps)
+        for name in ("sft_steps", "dpo_steps", "grpo_steps", "code_steps"):
             base[name] = max(2, int(round(base[name] * steps)))
-        return cls(size=size, seed=seed, **base)
+        return cls(size=size, seed=seed, code=code, **base)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

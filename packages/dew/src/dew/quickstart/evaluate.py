@@ -5,13 +5,14 @@ decoded greedily (temperature 0) by ``dew.inference.TextGeneration`` until ``<|e
 token budget, and the decoded text is scored by ``MathReward`` against the exact integer
 answer: a problem counts as solved only when the last ``\\boxed{}`` of the response equals it.
 One ``Evaluator`` keeps its compiled program, so evaluating before and after every stage
-compiles once.
+compiles once. The ``--code`` stage's evaluator asks ``Problem.code_question`` instead and
+scores with the sandbox's code reward (``question`` and ``score`` arguments).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -59,6 +60,9 @@ class Evaluator:
       eos_id: the id that ends a response (``<|end|>``).
       max_new_tokens: the response budget.
       keep_examples: how many decoded responses to keep for the report.
+      question: the user message of a problem (default ``Problem.question``).
+      score: ``score(problem, response_text) -> bool`` (default: ``MathReward`` on the exact
+        answer).
     """
 
     def __init__(
@@ -69,18 +73,24 @@ class Evaluator:
         eos_id: int,
         max_new_tokens: int,
         keep_examples: int = 4,
+        question: Callable[[Problem], str] | None = None,
+        score: Callable[[Problem, str], bool] | None = None,
     ) -> None:
         if not problems:
             raise ValueError("problems: expected at least one held-out problem, got none")
         self.tokenizer = tokenizer
         self.problems = tuple(problems)
-        self.contexts = [prompt_ids(tokenizer, p.question) for p in self.problems]
+        self.question = question or (lambda p: p.question)
+        self.contexts = [prompt_ids(tokenizer, self.question(p)) for p in self.problems]
         self.generation = TextGeneration(model)
         self.sampling = Sampling(temperature=0.0, eos_id=eos_id)
         self.eos_id = eos_id
         self.max_new_tokens = max_new_tokens
         self.keep_examples = keep_examples
-        self.reward = MathReward()
+        reward = MathReward()
+        self.score = score or (
+            lambda problem, text: reward("quickstart", text, str(problem.answer), "") > 0
+        )
 
     def __call__(self, variables: Mapping[str, Any]) -> Accuracy:
         self.generation.bind(variables)
@@ -91,9 +101,9 @@ class Evaluator:
         for problem, generation in zip(self.problems, out, strict=True):
             ids = [int(i) for i in generation.ids if int(i) != self.eos_id]
             text = self.tokenizer.decode(ids)
-            ok = self.reward("quickstart", text, str(problem.answer), "") > 0
+            ok = bool(self.score(problem, text))
             solved += int(ok)
             if len(examples) < self.keep_examples:
-                examples.append((problem.question, text, ok))
+                examples.append((self.question(problem), text, ok))
         total = len(self.problems)
         return Accuracy(solved / total, solved, total, tuple(examples))

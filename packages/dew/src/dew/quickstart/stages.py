@@ -13,6 +13,11 @@
   because the chain's GRPO stage keeps ``SampledRollout``'s defaults (token ids as reward
   text, no end-of-sequence id, temperature 1), which ``MathReward`` cannot read.
 
+* code (``--code`` only): the same GRPO on ``"python a+b"`` questions, rewarded by the
+  sandbox's ``CodeReward`` running each completion's program on a ``ProcessRunner`` fleet
+  (found through ``dew.quickstart.plugins``, since ``dew`` does not import ``dew.sandbox``).
+  SFT then also teaches the program format on a quarter of the training problems.
+
 Every stage trains in ``RUN_DIR/<stage>`` (checkpoints and ``metrics.jsonl``), so a stage
 that already finished restores its final checkpoint instead of training again, and an
 interrupted one resumes from its newest checkpoint.
@@ -61,6 +66,7 @@ class Context:
     end_id: int
     train: tuple[Problem, ...]
     progress: bool | None = None
+    code_reward: Any = None
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
@@ -80,12 +86,32 @@ def _conversation(problem: Problem) -> dict[str, Any]:
     }
 
 
+def _code_conversation(problem: Problem) -> dict[str, Any]:
+    return {
+        "messages": [
+            {"role": "user", "content": problem.code_question},
+            {"role": "assistant", "content": problem.program()},
+        ]
+    }
+
+
+def code_new_tokens(settings: Settings) -> int:
+    """The response budget of code answers: the fence and ``print(...)`` need more ids."""
+    return settings.max_new_tokens + 16
+
+
 def sft_data(ctx: Context) -> ChatMessages:
-    """The worked answers of the training problems, written to ``RUN_DIR/data/sft.jsonl``."""
+    """The worked answers of the training problems, written to ``RUN_DIR/data/sft.jsonl``.
+
+    With ``--code`` every fourth training problem also appears as a code question.
+    """
     folder = os.path.join(ctx.run_dir, "data")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "sft.jsonl")
-    _write_jsonl(path, [_conversation(p) for p in ctx.train])
+    rows = [_conversation(p) for p in ctx.train]
+    if ctx.settings.code:
+        rows += [_code_conversation(p) for p in ctx.train[::4]]
+    _write_jsonl(path, rows)
     s = ctx.settings
     return ChatMessages(path, ctx.tokenizer, seq_len=s.sft_seq_len, seed=s.seed, loading=LOADING)
 
@@ -165,19 +191,24 @@ def dpo_data(ctx: Context, start: Any) -> PreferencePairs:
     )
 
 
-def prompt_data(ctx: Context) -> Prompts:
-    """The training questions as GRPO prompts, with the exact answer as ground truth."""
+def prompt_data(ctx: Context, code: bool = False) -> Prompts:
+    """The training questions as GRPO prompts, with the exact answer as ground truth.
+
+    With ``code`` the questions ask for a program and the ground truth is its test case.
+    """
     records = tuple(
         json.dumps(
             {
-                "prompt": [{"role": "user", "content": p.question}],
+                "prompt": [{"role": "user", "content": p.code_question if code else p.question}],
                 "data_source": DATA_SOURCE,
-                "ground_truth": str(p.answer),
+                "ground_truth": p.code_tests() if code else str(p.answer),
             }
         )
         for p in ctx.train
     )
-    longest = max(len(prompt_ids(ctx.tokenizer, p.question)) for p in ctx.train)
+    longest = max(
+        len(prompt_ids(ctx.tokenizer, p.code_question if code else p.question)) for p in ctx.train
+    )
     return Prompts(
         records=records,
         tokenizer=ctx.tokenizer,
@@ -227,32 +258,62 @@ def run_dpo(ctx: Context, start: Any) -> TrainState:
 
 def run_grpo(ctx: Context, start: Any) -> TrainState:
     s = ctx.settings
-    prompts = prompt_data(ctx)
-    width = prompts.max_prompt_len + s.max_new_tokens
+    return _grpo(ctx, start, prompt_data(ctx), MathReward(), "grpo", 2, s.grpo_steps,
+                 s.max_new_tokens)  # fmt: skip
+
+
+def run_code(ctx: Context, start: Any) -> TrainState:
+    """GRPO on code questions, each completion's program run by the sandbox fleet."""
+    if ctx.code_reward is None:
+        raise ValueError("code_reward: the code stage needs the sandbox's reward, got None")
+    s = ctx.settings
+    return _grpo(ctx, start, prompt_data(ctx, code=True), ctx.code_reward, "code", 3,
+                 s.code_steps, code_new_tokens(s))  # fmt: skip
+
+
+def _grpo(
+    ctx: Context,
+    start: Any,
+    prompts: Prompts,
+    reward: Any,
+    name: str,
+    index: int,
+    steps: int,
+    max_new_tokens: int,
+) -> TrainState:
+    """One GRPO stage on ``Trainer`` in ``RUN_DIR/<name>``."""
+    s = ctx.settings
+    width = prompts.max_prompt_len + max_new_tokens
     objective = GRPOObjective(
         ctx.model, width - 1, beta=0.0, pretrained=start, sampling_temperature=s.grpo_temperature
     )
     rollout = SampledRollout(
         objective,
-        MathReward(),
+        reward,
         groups=s.grpo_groups,
-        max_new_tokens=s.max_new_tokens,
+        max_new_tokens=max_new_tokens,
         sampling=Sampling(temperature=s.grpo_temperature, eos_id=ctx.end_id),
         decode=ctx.tokenizer.decode,
     )
     trainer = Trainer(
         objective,  # type: ignore[arg-type]  # its ema_decay is a read-only property
         optax.adam(s.grpo_lr),
-        key=jax.random.fold_in(jax.random.key(s.seed), 2),
+        key=jax.random.fold_in(jax.random.key(s.seed), index),
         rollout=rollout,
         progress=ctx.progress,
     )
     return trainer.fit(
         prompts.load(s.grpo_prompts),
-        s.grpo_steps,
+        steps,
         log_every=s.log_every,
-        run_dir=os.path.join(ctx.run_dir, "grpo"),
+        run_dir=os.path.join(ctx.run_dir, name),
     )
 
 
 STAGES = (("sft", run_sft), ("dpo", run_dpo), ("grpo", run_grpo))
+CODE_STAGE = ("code", run_code)
+
+
+def stages(settings: Settings) -> tuple[tuple[str, Any], ...]:
+    """The stages a run trains, in order: the three above, then ``code`` with ``--code``."""
+    return STAGES + ((CODE_STAGE,) if settings.code else ())

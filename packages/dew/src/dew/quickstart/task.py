@@ -14,12 +14,16 @@ Texts:
   the columns out lets a small model learn the algorithm instead of memorising results, so
   held-out problems are solved by the same single-digit steps as the training ones;
 * a wrong worked answer (DPO's fallback rejected side): the same steps with one typical slip
-  (a forgotten carry or borrow, a column off by one) and the wrong result it leads to.
+  (a forgotten carry or borrow, a column off by one) and the wrong result it leads to;
+* with ``--code``, the same problem asked as ``"python 37+48"`` and answered by a fenced Python
+  program that prints the result; its ground truth is one ``{"stdin", "stdout"}`` test case
+  that ``dew.sandbox.CodeReward`` runs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 
@@ -96,6 +100,19 @@ class Problem:
         """
         steps, result = self.columns(slip)
         return " ".join(steps) + f" \\boxed{{{result}}}"
+
+    @property
+    def code_question(self) -> str:
+        """The question asking for a program, e.g. ``"python 37+48"``."""
+        return f"python {self.question}"
+
+    def program(self) -> str:
+        """A fenced Python answer that prints the result."""
+        return f"```python\nprint({self.a}{self.op}{self.b})\n```"
+
+    def code_tests(self) -> str:
+        """``CodeReward``'s ground truth: one case, no stdin, the answer on stdout."""
+        return json.dumps([{"stdin": "", "stdout": str(self.answer)}])
 
     def wrong(self, rng: np.random.Generator) -> str:
         """A worked answer with one plausible slip whose boxed result is wrong."""
