@@ -8,6 +8,7 @@ with ``importlib.metadata`` and gets a sandboxed code reward without naming this
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 from dew.sandbox.fleet import SandboxFleet
@@ -22,6 +23,14 @@ QUICKSTART_LIMITS = SandboxLimits(cpu_seconds=1.0, deadline_seconds=5.0)
 
 @contextlib.contextmanager
 def code_reward(workers: int = 2) -> Iterator[CodeReward]:
-    """A ``CodeReward`` on a ``ProcessRunner`` fleet of ``workers`` threads, closed on exit."""
+    """A ``CodeReward`` on a ``ProcessRunner`` fleet of ``workers`` threads, closed on exit.
+
+    Each program is started with fork and exec from a process where JAX runs threads, and
+    Python warns about that on every fork. The risk it names, a child stuck on a lock copied
+    mid-use before it reaches exec, costs one sample here: the fleet kills the child at its
+    deadline and the sample scores 0. So the warning is silenced for the quickstart's run
+    instead of printed once per sampled program.
+    """
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     with SandboxFleet(ProcessRunner(), limits=QUICKSTART_LIMITS, workers=workers) as fleet:
         yield CodeReward(fleet)
