@@ -68,7 +68,7 @@ class Settings:
     max_new_tokens: int = 24
     log_every: int = 5
     code: bool = False
-    code_steps: int = 40
+    code_steps: int = 10
     code_held_out: int = 64
 
     @classmethod
