@@ -79,4 +79,22 @@ def validate_ema_decay(value: float | None, *, field: str = "ema_decay") -> floa
     return decay
 
 
-__all__ = ["Batch", "Metrics", "Objective", "Variables", "validate_ema_decay"]
+def validate_pretrained(value: Any, *, field: str = "pretrained") -> Any:
+    """Check a starting point: ``None`` or a full variables mapping with ``params``; return it."""
+    if value is not None and (not hasattr(value, "keys") or "params" not in value):
+        keys = f" with keys {sorted(value.keys())}" if hasattr(value, "keys") else ""
+        raise ValueError(
+            f"{field}: expected a full variables mapping with a 'params' collection "
+            f"(for example state.params), got {type(value).__name__}{keys}"
+        )
+    return value
+
+
+__all__ = [
+    "Batch",
+    "Metrics",
+    "Objective",
+    "Variables",
+    "validate_ema_decay",
+    "validate_pretrained",
+]

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dew.objectives.base import validate_ema_decay
+from dew.objectives.base import validate_ema_decay, validate_pretrained
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -79,16 +79,9 @@ class LMObjective:
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
-        if pretrained is not None and (
-            not hasattr(pretrained, "keys") or "params" not in pretrained
-        ):
-            raise ValueError(
-                "pretrained: expected a full variables mapping with a 'params' collection "
-                f"(for example state.params), got {type(pretrained).__name__}"
-            )
         self.model = model
         self.seq_len = seq_len
-        self.pretrained = pretrained
+        self.pretrained = validate_pretrained(pretrained)
         self.loss_role = None if loss_role is None else int(loss_role)
         self.ema_decay = validate_ema_decay(ema_decay)
 

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.objectives.base import validate_pretrained
 from dew.objectives.lm import LMObjective, token_nll
 from dew.rl import preference_logsigmoid
 
@@ -118,17 +119,10 @@ class DPOObjective:
                 "ema_decay: DPO keeps its reference frozen in TrainState.ema, so the decay is "
                 f"fixed at 1.0; got {ema_decay!r}"
             )
-        if pretrained is not None and (
-            not hasattr(pretrained, "keys") or "params" not in pretrained
-        ):
-            raise ValueError(
-                "pretrained: expected a full variables mapping with a 'params' collection "
-                f"(for example state.params), got {type(pretrained).__name__}"
-            )
         self.model = model
         self.seq_len = seq_len
         self.beta = float(beta)
-        self.pretrained = pretrained
+        self.pretrained = validate_pretrained(pretrained)
 
     @property
     def ema_decay(self) -> float:

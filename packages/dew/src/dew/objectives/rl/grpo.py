@@ -51,6 +51,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.objectives.base import validate_pretrained
 from dew.rl import (
     behavior_importance_weights,
     cispo_terms,
@@ -422,14 +423,7 @@ class GRPOObjective:
             raise ValueError(
                 f"sampling_temperature: expected None or a value > 0, got {sampling_temperature!r}"
             )
-        if pretrained is not None and (
-            not isinstance(pretrained, Mapping) or "params" not in pretrained
-        ):
-            raise ValueError(
-                "pretrained: expected a full variables mapping with a 'params' collection, got "
-                f"{type(pretrained).__name__}"
-                + (f" with keys {sorted(pretrained)}" if isinstance(pretrained, Mapping) else "")
-            )
+        validate_pretrained(pretrained)
         fixed = 1.0 if beta > 0 else None
         if ema_decay is not _UNSET and ema_decay != fixed:
             raise ValueError(
