@@ -15,7 +15,6 @@ has no 1 after position 0 is refused, since it would contribute nothing to the l
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from dew.data.dataset import Dataset, IndexedStream, Loading
-from dew.data.row_batches import OnePass, RowBatches
+from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
 _SIDES = ("chosen", "rejected")
 
@@ -104,24 +103,6 @@ def pair_arrays(
     return input_ids, completion_mask
 
 
-def _read_records(records: object) -> list[Mapping[str, Any]]:
-    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
-        raise TypeError(
-            f"PreferencePairs.records must be a tuple of JSON strings, got {type(records).__name__}"
-        )
-    rows = []
-    for index, text in enumerate(records):
-        if not isinstance(text, (str, bytes)):
-            raise TypeError(
-                f"PreferencePairs.records[{index}] must be a JSON string, got {type(text).__name__}"
-            )
-        try:
-            rows.append(json.loads(text))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"PreferencePairs.records[{index}] is not valid JSON: {err}") from err
-    return rows
-
-
 def _read_parquet(path: str | Path) -> list[Mapping[str, Any]]:
     import pyarrow.parquet as pq
 
@@ -180,7 +161,11 @@ class PreferencePairs:
         self.pad_id = pad_id
         self.loading = loading if loading is not None else Loading()
         self.seed = seed
-        rows = _read_parquet(path) if path is not None else _read_records(records)
+        rows = (
+            _read_parquet(path)
+            if path is not None
+            else parse_json_records(records, "PreferencePairs")
+        )
         if not rows:
             raise ValueError("PreferencePairs: the input holds no rows")
         input_ids, completion_mask = pair_arrays(rows, seq_len, pad_id)

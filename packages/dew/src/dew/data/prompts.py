@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from dew.data.dataset import Dataset, IndexedStream, Loading
-from dew.data.row_batches import OnePass, RowBatches
+from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
 METADATA = ("data_source", "ground_truth", "extra_info")
 
@@ -105,22 +105,9 @@ def resolve_tokenizer(tokenizer: Any) -> Any:
             "Prompts.tokenizer: expected a tokenizer directory, a Hub name or an object with "
             f"encode(), got {type(tokenizer).__name__}"
         )
-    from dew.data.chat.template import ChatTokenizer
+    from dew.data.chat.template import load_chat_tokenizer
 
-    name = os.fspath(tokenizer)
-    if os.path.isdir(name):
-        return ChatTokenizer.load(name)
-    try:
-        from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
-    except ImportError as err:
-        raise ImportError(
-            f"Prompts.tokenizer {name!r} is not a local directory; a Hub name needs the "
-            "optional 'hf' extra (pip install 'dew[hf]')"
-        ) from err
-    local = snapshot_download(
-        name, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
-    )
-    return ChatTokenizer.load(local)
+    return load_chat_tokenizer(tokenizer, field="Prompts.tokenizer")
 
 
 class _LazyTokenizer:
@@ -196,21 +183,7 @@ def _read(path: str | Path | None, records: Sequence[str] | None, split: str) ->
         from dew.data.chat.messages import read_rows
 
         return list(read_rows(os.fspath(path), split)[1])
-    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
-        raise TypeError(
-            f"Prompts.records must be a tuple of JSON strings, got {type(records).__name__}"
-        )
-    rows = []
-    for index, text in enumerate(records):
-        if not isinstance(text, (str, bytes)):
-            raise TypeError(
-                f"Prompts.records[{index}] must be a JSON string, got {type(text).__name__}"
-            )
-        try:
-            rows.append(json.loads(text))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"Prompts.records[{index}] is not valid JSON: {err}") from err
-    return rows
+    return parse_json_records(records, "Prompts")
 
 
 class Prompts:

@@ -1,6 +1,6 @@
 """Batches over an in-memory table of equal-length numpy columns.
 
-Two pieces shared by ``PreferencePairs`` and ``Prompts``:
+The pieces shared by ``PreferencePairs`` and ``Prompts``:
 
 * :class:`RowBatches`, a ``dew.data.IndexedSource`` for training: global batch ``i`` holds
   positions ``i * batch ... (i + 1) * batch - 1`` of an endless stream that repeats the table
@@ -12,15 +12,37 @@ Two pieces shared by ``PreferencePairs`` and ``Prompts``:
 * :class:`OnePass`, a ``val(partition)`` function for validation: the table once, in order,
   the last batch completed with filler rows the caller provides (rows that count for nothing,
   such as zero masks), so every process sees the same batch shape.
+* :func:`parse_json_records`, their ``records=`` argument: a sequence of JSON strings.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from dew.data.dataset import Partition
+
+
+def parse_json_records(records: object, owner: str) -> list[Any]:
+    """Each JSON string of ``records`` parsed; errors name ``<owner>.records[i]``."""
+    if isinstance(records, (str, bytes)) or not isinstance(records, Sequence):
+        raise TypeError(
+            f"{owner}.records must be a tuple of JSON strings, got {type(records).__name__}"
+        )
+    rows = []
+    for index, text in enumerate(records):
+        if not isinstance(text, (str, bytes)):
+            raise TypeError(
+                f"{owner}.records[{index}] must be a JSON string, got {type(text).__name__}"
+            )
+        try:
+            rows.append(json.loads(text))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{owner}.records[{index}] is not valid JSON: {err}") from err
+    return rows
 
 
 def _local_rows(batch: int, partition: Partition, owner: str) -> int:

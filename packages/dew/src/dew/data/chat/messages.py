@@ -35,7 +35,7 @@ import numpy as np
 
 from dew.data.chat.render import render_roles
 from dew.data.chat.roles import Role
-from dew.data.chat.template import ChatTokenizer
+from dew.data.chat.template import ChatTokenizer, load_chat_tokenizer
 from dew.data.dataset import Dataset, IndexedStream, Loading, Partition
 
 Row = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
@@ -250,20 +250,7 @@ class ChatMessages:
         tok = self.tokenizer
         if isinstance(tok, ChatTokenizer):
             return tok
-        tok = os.fspath(tok)
-        if os.path.isdir(tok):
-            return ChatTokenizer.load(tok)
-        try:
-            from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
-        except ImportError as err:
-            raise ImportError(
-                f"tokenizer {tok!r} is not a local directory; a Hub name needs the optional "
-                "'hf' extra (pip install 'dew[hf]')"
-            ) from err
-        local = snapshot_download(
-            tok, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
-        )
-        return ChatTokenizer.load(local)
+        return load_chat_tokenizer(tok)
 
     def encode(self, path: str, tokenizer: ChatTokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
         """Every conversation of ``path`` as ``(ids, roles)``, checked against the row width."""

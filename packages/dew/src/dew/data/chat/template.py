@@ -134,3 +134,25 @@ class ChatTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") -> ChatTokenizer:
+    """A ``ChatTokenizer`` from a local directory, or from a Hub name with the ``hf`` extra.
+
+    Only ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` are fetched
+    from the Hub. ``field`` names the argument in the error raised when the extra is missing.
+    """
+    path = os.fspath(name)
+    if os.path.isdir(path):
+        return ChatTokenizer.load(path)
+    try:
+        from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
+    except ImportError as err:
+        raise ImportError(
+            f"{field} {path!r} is not a local directory; a Hub name needs the optional "
+            "'hf' extra (pip install 'dew[hf]')"
+        ) from err
+    local = snapshot_download(
+        path, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+    )
+    return ChatTokenizer.load(local)
