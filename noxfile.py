@@ -21,7 +21,8 @@ TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120"]
 FORBIDDEN = {
     "dew-rl": {"flax", "optax", "torch", "pyarrow", "safetensors", "verl", "trl"},
     "dew": {"torch", "verl", "trl"},
-    "dew-sandbox": {"torch", "verl", "trl"},
+    # dew-sandbox needs neither dew nor JAX: its isolated install proves it.
+    "dew-sandbox": {"dew", "jax", "jaxlib", "flax", "optax", "torch", "verl", "trl"},
 }
 
 nox.options.default_venv_backend = "uv"
@@ -67,8 +68,14 @@ def _workspace_deps(package: str) -> list[str]:
 @nox.session
 @nox.parametrize("package", PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
-    """One distribution's tests, with only that distribution and its dependencies installed."""
-    _sync(session, "--package", package, "--exact")
+    """One distribution's tests, with only that distribution and its dependencies installed.
+
+    A distribution whose pyproject declares a ``test`` dependency group gets that group too:
+    what its tests need but its users do not (dew-sandbox's quickstart-hook test needs dew).
+    """
+    meta = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
+    groups = ["--group", "test"] if "test" in meta.get("dependency-groups", {}) else []
+    _sync(session, "--package", package, "--exact", *groups)
     session.install(*TEST_TOOLS)
     session.run("pytest", f"packages/{package}/tests", *session.posargs)
 
