@@ -103,7 +103,9 @@ class Recipe:
 
     Attributes:
       model: the shared ``dew.models`` decoder.
-      optimizer: an optax transformation; every stage starts a fresh state of it.
+      optimizer: an optax transformation, or a function ``stage -> transformation`` (one
+        per stage, e.g. a schedule spanning that stage's steps); every stage starts a fresh
+        optimizer state.
       key: a PRNG key; stage ``i`` uses ``fold_in(key, i)``.
       output: run directory; stage directories go under it.
       batch: rows per step (prompts per step for GRPO, which trains on ``batch * groups``).
@@ -177,17 +179,19 @@ class Recipe:
         output.mkdir(parents=True, exist_ok=True)
         start = None if self.pretrained is None else jax.device_get(self.pretrained)
         states = []
+        # every stage's data is read (and checked) before the first stage trains
+        datasets = [stage.data.load(self.batch) for stage in self.stages]
         for index, stage in enumerate(self.stages):
             objective, rollout = self.objective(stage, start)
             trainer = Trainer(
                 objective,
-                self.optimizer,
+                self.optimizer(stage) if callable(self.optimizer) else self.optimizer,
                 key=jax.random.fold_in(self.key, index),
                 rollout=rollout,
                 progress=self.progress,
             )
             state = trainer.fit(
-                stage.data.load(self.batch),
+                datasets[index],
                 steps=stage.steps,
                 log_every=self.log_every,
                 run_dir=output / stage.name,

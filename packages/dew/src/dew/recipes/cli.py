@@ -1,36 +1,40 @@
-"""``dew chain CONFIG``: run a ``Recipe`` described by a JSON file.
+"""``dew chain CONFIG``: run a ``Recipe`` described by a YAML or JSON file.
 
 The config (paths inside it are relative to the config file's directory)::
 
-    {
-      "output": "runs/chain",            # run directory; one sub-directory per stage
-      "batch": 8,                        # rows (GRPO: prompts) per step
-      "seed": 0,
-      "model": {"name": "causal_transformer", "vocab_size": 64, "emb_features": 32,
-                "num_layers": 2, "num_heads": 2, "mlp_features": 64, "max_seq_len": 64},
-      "pretrained": "hf-model-dir",      # optional: a Hugging Face directory to start from
-      "optimizer": {"name": "adamw", "learning_rate": 1e-4},   # any optax.<name>(**kwargs)
-      "log_every": 10,
-      "stages": [
-        {"name": "sft", "steps": 100,
-         "data": {"type": "ChatMessages", "path": "chat.jsonl", "tokenizer": "tok", "seq_len": 63}},
-        {"name": "dpo", "steps": 50, "beta": 0.1,
-         "data": {"type": "PreferencePairs", "path": "pairs.parquet", "seq_len": 64}},
-        {"name": "grpo", "steps": 20, "beta": 0.01, "reward": "my_rewards:exact",
-         "groups": 4, "max_new_tokens": 16, "sample": 40,
-         "data": {"type": "Prompts", "path": "prompts.jsonl", "max_prompt_len": 48}}
-      ]
-    }
+    output: runs/chain          # run directory; one sub-directory per stage
+    batch: 8                    # rows (GRPO: prompts) per step
+    seed: 0
+    log_every: 10
+    model: {name: causal_transformer, vocab_size: 64, emb_features: 32, num_layers: 2,
+            num_heads: 2, mlp_features: 64, max_seq_len: 64}   # or {pretrained: hf-dir}
+    optimizer: {name: adamw, learning_rate: 1e-4, clip: 1.0}   # dew.recipes.builder
+    schedule: {kind: cosine, warmup_steps: 10}
+    stages:
+      - {name: sft, steps: 100,
+         data: {type: ChatMessages, path: chat.jsonl, tokenizer: tok, seq_len: 63}}
+      - {name: dpo, steps: 50, beta: 0.1, optimizer: {name: adam, learning_rate: 1e-6},
+         data: {type: PreferencePairs, path: pairs.parquet, seq_len: 64}}
+      - {name: grpo, steps: 20, beta: 0.01, reward: my_rewards:exact, groups: 4,
+         max_new_tokens: 16, sample: 40,
+         data: {type: Prompts, path: prompts.jsonl, max_prompt_len: 48}}
 
-``data.type`` names the dataset class; its other keys are that class's keyword arguments
-(``records`` may be a list of JSON objects, written back as JSON strings). ``reward`` is
-``module:function``, imported with the config's directory on ``sys.path``.
+``model``, ``optimizer`` and ``schedule`` are read by ``dew.recipes.builder``; a stage may
+give its own ``optimizer`` and ``schedule`` keys, merged over the top-level ones, and each
+stage's schedule spans that stage's steps. ``data.type`` names the dataset class; its other
+keys are that class's keyword arguments (``records`` may be a list of JSON objects).
+``reward`` is ``module:function``, imported with the config's directory on ``sys.path``.
+
+The whole config is checked before any stage trains: every key (an unknown one is refused
+naming the nearest valid key), every value, every local file, every reward import and every
+dataset's rows. ``overrides`` (``--set stages.0.steps=10``) change keys before the check.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -38,121 +42,230 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dew.recipes.schema import ConfigError, apply_override, load_file, unknown_key
+
 DATASETS = ("ChatMessages", "PreferencePairs", "Prompts")
 _PATH_KEYS = ("path", "tokenizer", "val_path")
+_TOP_KEYS = ("output", "batch", "seed", "model", "pretrained", "optimizer", "schedule",
+             "log_every", "stages")  # fmt: skip
+_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".npy", ".bin", ".yaml", ".yml", ".txt")
 
 
-def _dataset(spec: Mapping[str, Any], base: Path, where: str) -> Any:
+def local_path(value: Any, base: Path, where: str) -> Any:
+    """``value`` resolved against ``base`` when it names a local file or directory.
+
+    A value that looks like a local path (a file suffix, a leading ``.``, ``/`` or ``~``, or
+    more than one ``/``) but does not exist is reported as a missing file; anything else is
+    left alone (a Hub id such as ``org/name``).
+    """
+    if not isinstance(value, str):
+        return value
+    candidate = Path(os.path.expanduser(value))
+    if not candidate.is_absolute():
+        candidate = base / candidate
+    if candidate.exists():
+        return str(candidate)
+    looks_local = (
+        value.endswith(_FILE_SUFFIXES)
+        or value.startswith((".", "/", "~"))
+        or value.count("/") > 1
+        or os.sep != "/"
+        and os.sep in value
+    )
+    if looks_local:
+        raise ConfigError(f"{where}: no such file or directory {str(candidate)!r}")
+    return value
+
+
+def _dataset(spec: Any, base: Path, where: str) -> Any:
     from dew.data.chat import ChatMessages
     from dew.data.preference import PreferencePairs
     from dew.data.prompts import Prompts
 
     if not isinstance(spec, Mapping) or "type" not in spec:
-        raise ValueError(f"{where}.data: expected an object with a 'type' of {DATASETS}")
+        raise ConfigError(f"{where}: expected a mapping with a 'type' of {', '.join(DATASETS)}")
     kind = spec["type"]
     classes = {"ChatMessages": ChatMessages, "PreferencePairs": PreferencePairs, "Prompts": Prompts}
     if kind not in classes:
-        raise ValueError(f"{where}.data.type: expected one of {DATASETS}, got {kind!r}")
+        raise ConfigError(f"{where}.type: expected one of {', '.join(DATASETS)}, got {kind!r}")
+    accepted = [
+        name for name in inspect.signature(classes[kind]).parameters if name not in ("self",)
+    ]
     kwargs = {k: v for k, v in spec.items() if k != "type"}
+    for key in kwargs:
+        if key not in accepted:
+            raise unknown_key(where, key, accepted)
     for key in _PATH_KEYS:
-        value = kwargs.get(key)
-        if isinstance(value, str) and not os.path.isabs(value) and (base / value).exists():
-            kwargs[key] = str(base / value)
+        if key in kwargs:
+            kwargs[key] = local_path(kwargs[key], base, f"{where}.{key}")
     if isinstance(kwargs.get("records"), list):
         kwargs["records"] = tuple(
             r if isinstance(r, str) else json.dumps(r) for r in kwargs["records"]
         )
     try:
         return classes[kind](**kwargs)
-    except TypeError as err:
-        raise ValueError(f"{where}.data: {kind} does not take these arguments: {err}") from err
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
 
 
-def _reward(spec: Any, where: str) -> Any:
-    if spec is None:
-        return None
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ValueError(f"{where}.reward: expected 'module:function', got {spec!r}")
+def load_reward(spec: Any, where: str) -> Any:
+    """The callable ``module:function`` names (refused with the reason when it cannot load)."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ConfigError(f"{where}: expected 'module:function', got {spec!r}")
     module, name = spec.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"{where}.reward: cannot import {spec!r}: {err}") from err
+    except ImportError as err:
+        raise ConfigError(f"{where}: cannot import module {module!r} ({err})") from None
+    except AttributeError:
+        raise ConfigError(f"{where}: module {module!r} has no attribute {name!r}") from None
     if not callable(fn):
-        raise ValueError(f"{where}.reward: {spec!r} is not callable")
+        raise ConfigError(f"{where}: {spec!r} is not callable")
     return fn
 
 
-def _optimizer(spec: Mapping[str, Any]) -> Any:
-    import optax
-
-    spec = dict(spec)
-    name = spec.pop("name", "adamw")
-    factory = getattr(optax, name, None)
-    if factory is None or not callable(factory):
-        raise ValueError(f"optimizer.name: optax has no optimizer {name!r}")
-    return factory(**spec)
+def _merge(base: Any, over: Any, where: str) -> dict[str, Any]:
+    for value, name in ((base, where.rsplit(".", 1)[-1]), (over, where)):
+        if value is not None and not isinstance(value, Mapping):
+            raise ConfigError(f"{name}: expected a mapping of keys, got {value!r}")
+    return {**(base or {}), **(over or {})}
 
 
-def recipe_from_config(path: str | os.PathLike[str]) -> Any:
-    """Build the ``Recipe`` a JSON config describes (see the module docstring)."""
+def _stage_keys() -> list[str]:
+    import dataclasses
+
+    from dew.recipes.chain import Stage
+
+    return [f.name for f in dataclasses.fields(Stage)] + ["optimizer", "schedule"]
+
+
+def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Any:
+    """Build the ``Recipe`` a YAML or JSON config describes (see the module docstring)."""
     import jax
 
-    import dew.models
+    from dew.recipes.builder import (
+        build_model,
+        build_optimizer,
+        model_config,
+        optimizer_config,
+        schedule_config,
+    )
     from dew.recipes.chain import Recipe, Stage
 
     path = Path(path)
-    config = json.loads(path.read_text())
+    config = load_file(path)
+    for assignment in overrides:
+        apply_override(config, assignment)
     base = path.resolve().parent
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
+    for key in config:
+        if key not in _TOP_KEYS:
+            raise unknown_key("", str(key), _TOP_KEYS)
     for key in ("output", "batch", "model", "stages"):
         if key not in config:
-            raise ValueError(f"{path}: missing key {key!r}")
-    model_spec = dict(config["model"])
-    pretrained = None
+            raise ConfigError(f"{key}: required, missing from {path}")
+    batch = config["batch"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"batch: expected a positive integer, got {batch!r}")
+    seed = config.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed: expected an integer, got {seed!r}")
+    log_every = config.get("log_every")
+    if log_every is not None and (
+        isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1
+    ):
+        raise ConfigError(f"log_every: expected a positive integer, got {log_every!r}")
+    model_spec = config["model"]
     if config.get("pretrained"):
-        loaded = dew.models.load_pretrained(str(base / config["pretrained"]))
-        model, pretrained = loaded.model, loaded.variables
-    else:
-        model = dew.models.build(model_spec.pop("name", "causal_transformer"), **model_spec)
+        model_spec = {**(model_spec or {}), "pretrained": config["pretrained"]}
+    if isinstance(model_spec, Mapping) and model_spec.get("pretrained"):
+        model_spec = dict(model_spec)
+        model_spec["pretrained"] = local_path(model_spec["pretrained"], base, "model.pretrained")
+    model_cfg = model_config(model_spec)
+    stage_specs = config["stages"]
+    if not isinstance(stage_specs, list) or not stage_specs:
+        raise ConfigError(f"stages: expected a non-empty list of stages, got {stage_specs!r}")
+    valid = _stage_keys()
+    optimizers: dict[str, Any] = {}
     stages = []
-    for i, spec in enumerate(config["stages"]):
-        where = f"stages[{i}]"
+    for i, spec in enumerate(stage_specs):
+        where = f"stages.{i}"
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"{where}: expected a mapping of keys, got {spec!r}")
         spec = dict(spec)
-        data = _dataset(spec.pop("data", None), base, where)
-        reward = _reward(spec.pop("reward", None), where)
+        for key in spec:
+            if key not in valid:
+                raise unknown_key(where, str(key), valid)
+        steps = spec.get("steps")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"{where}.steps: expected a positive integer, got {steps!r}")
+        opt = optimizer_config(
+            _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),
+            f"{where}.optimizer",
+        )
+        sched = schedule_config(
+            _merge(config.get("schedule"), spec.pop("schedule", None), f"{where}.schedule"),
+            f"{where}.schedule",
+        )
+        data = _dataset(spec.pop("data", None), base, f"{where}.data")
+        reward = spec.pop("reward", None)
+        if reward is not None:
+            reward = load_reward(reward, f"{where}.reward")
         try:
-            stages.append(Stage(data=data, reward=reward, **spec))
-        except TypeError as err:
-            raise ValueError(f"{where}: {err}") from err
-    output = Path(config["output"])
+            stage = Stage(data=data, reward=reward, **spec)
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{where}: {err}") from None
+        optimizers[stage.name] = build_optimizer(opt, sched, steps=stage.steps)
+        stages.append(stage)
+    model, pretrained = build_model(model_cfg)
+    output = Path(os.path.expanduser(str(config["output"])))
     return Recipe(
         model=model,
-        optimizer=_optimizer(config.get("optimizer", {"name": "adamw", "learning_rate": 1e-4})),
-        key=jax.random.key(int(config.get("seed", 0))),
+        optimizer=lambda stage: optimizers[stage.name],
+        key=jax.random.key(seed),
         output=output if output.is_absolute() else base / output,
-        batch=int(config["batch"]),
+        batch=batch,
         stages=stages,
         pretrained=pretrained,
-        log_every=config.get("log_every"),
+        log_every=log_every,
     )
+
+
+EXAMPLE = """example:
+  dew chain chain.yaml --set optimizer.learning_rate=1e-5 --set stages.0.steps=200
+
+The config (YAML or JSON) is described in the dew.recipes.cli module docstring and in
+docs/guides/chain.md; every key is checked before the first stage trains."""
 
 
 def add_chain_command(commands: Any) -> argparse.ArgumentParser:
     """Add ``chain CONFIG`` to an ``argparse`` sub-command set (``dew``'s ``COMMAND``)."""
     parser = commands.add_parser(
         "chain",
-        help="run SFT, DPO and GRPO stages from a JSON config",
-        description="Run a recipes.chain.Recipe described by a JSON config file.",
+        help="run SFT, DPO and GRPO stages from a YAML or JSON config",
+        description="Run a recipes.chain.Recipe described by a YAML or JSON config file.",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("config", help="the JSON config (see dew.recipes.cli)")
+    parser.add_argument("config", help="the config file (.yaml, .yml or .json)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. optimizer.learning_rate=1e-5 (repeatable)",
+    )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an error"
+    )
     return parser
 
 
 def run_chain(args: argparse.Namespace) -> int:
     """Run the chain of ``args.config``; prints one line per stage."""
-    recipe = recipe_from_config(args.config)
+    recipe = recipe_from_config(args.config, getattr(args, "overrides", ()))
     states = recipe.run()
     for stage, state in zip(recipe.stages, states):
         print(
@@ -164,10 +277,11 @@ def run_chain(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m dew.recipes chain CONFIG`` (the same as ``dew chain CONFIG``)."""
-    parser = argparse.ArgumentParser(prog="dew")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_chain_command(commands)
-    return run_chain(parser.parse_args(argv))
+    from dew.cli import main as dew_main
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    return dew_main(args)
 
 
-__all__ = ["add_chain_command", "main", "recipe_from_config", "run_chain"]
+__all__ = ["add_chain_command", "load_reward", "local_path", "main", "recipe_from_config",
+           "run_chain"]  # fmt: skip
