@@ -64,6 +64,8 @@ class Trainer:
       key: a PRNG key; split into the initialisation key, the step keys and rollout keys.
       rollout: optional host function ``(variables, batch, key) -> batch`` called before each
         compiled update with the current variables (valid until that update donates them).
+        When it has an ``at_step(step, updates)`` method, that is called first with the
+        step being attempted and the optimizer updates committed so far.
       microbatches: split each step's batch into this many microbatches (gradient
         accumulation normalised by the step's total weight).
       fsdp: shard parameters and optimizer state over the devices instead of replicating them.
@@ -268,6 +270,9 @@ class Trainer:
                 local = dict(local)
                 if self.rollout is not None:
                     key = jax.random.fold_in(self._rollout_key, number)
+                    at_step = getattr(self.rollout, "at_step", None)
+                    if callable(at_step):
+                        at_step(number, int(jax.device_get(state.updates)))
                     local = dict(self.rollout(state.params, local, key))
                 tokens += _count_tokens(local) * jax.process_count()
                 state, metrics = step_fn(state, global_batch(local, self.mesh))

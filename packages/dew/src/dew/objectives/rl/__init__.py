@@ -10,6 +10,9 @@ from typing import Any
 
 _NAMES: dict[str, str] = {
     "DPOObjective": "dew.objectives.rl.dpo",
+    "EpisodeCancelled": "dew.objectives.rollouts.episodes",
+    "EpisodeFailure": "dew.objectives.rollouts.episodes",
+    "EpisodeRollout": "dew.objectives.rollouts.episodes",
     "GRPOObjective": "dew.objectives.rl.grpo",
     "packed_log_probs": "dew.objectives.rl.grpo",
     "policy_loss_from_log_probs": "dew.objectives.rl.grpo",

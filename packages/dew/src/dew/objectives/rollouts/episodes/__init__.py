@@ -1,0 +1,66 @@
+"""Multi-turn tool episodes collected inside the trainer.
+
+* the protocol: :class:`Environment`, :class:`Observation` and :class:`EpisodeStatus`,
+  :class:`Action`, :class:`Transition`, :class:`Episode`, :class:`EpisodeId`, the verifier
+  and ``record`` callback types;
+* the one action validation :func:`check_action` and its named errors;
+* :class:`EpisodeFailure` / :class:`EpisodeCancelled`;
+* :func:`session_of` and :func:`project` (episodes to packed GRPO rows);
+* :class:`EpisodeRollout`, the Trainer's ``rollout=`` hook.
+"""
+
+from dew.objectives.rollouts.episodes.errors import (
+    EmptyContextError,
+    EpisodeCancelled,
+    EpisodeFailure,
+    InvalidAction,
+    LikelihoodError,
+    MixedOriginError,
+    TerminationError,
+    TokenIdError,
+    TokensAfterEosError,
+)
+from dew.objectives.rollouts.episodes.projection import project
+from dew.objectives.rollouts.episodes.protocol import (
+    Action,
+    Environment,
+    EnvironmentFactory,
+    Episode,
+    EpisodeId,
+    EpisodeStatus,
+    Observation,
+    Record,
+    Transition,
+    Verifier,
+)
+from dew.objectives.rollouts.episodes.rollout import EpisodeRollout
+from dew.objectives.rollouts.episodes.session import session_of
+from dew.objectives.rollouts.episodes.slot import VerifierError
+from dew.objectives.rollouts.episodes.validation import check_action
+
+__all__ = [
+    "Action",
+    "EmptyContextError",
+    "Environment",
+    "EnvironmentFactory",
+    "Episode",
+    "EpisodeCancelled",
+    "EpisodeFailure",
+    "EpisodeId",
+    "EpisodeRollout",
+    "EpisodeStatus",
+    "InvalidAction",
+    "LikelihoodError",
+    "MixedOriginError",
+    "Observation",
+    "Record",
+    "TerminationError",
+    "TokenIdError",
+    "TokensAfterEosError",
+    "Transition",
+    "Verifier",
+    "VerifierError",
+    "check_action",
+    "project",
+    "session_of",
+]

@@ -1,0 +1,332 @@
+"""EpisodeRollout: multi-turn tool episodes as the Trainer's ``rollout=`` hook.
+
+Each Trainer step hands over a batch with integer ``task_id`` rows ``[B]`` and the current
+variables. One collection:
+
+1. binds the policy once (``policy.bind(variables)``) and gives every record of this binding
+   one private origin token;
+2. opens ``B * G`` episodes: ``environment_factory(EpisodeId(task, step, sample, seed))``,
+   entered and reset, where ``step`` is the attempted training step and ``seed`` is drawn from
+   the step's key for the slot's global position;
+3. runs rounds. In each round every slot is sampled together in one policy call: live slots
+   with their exact context and a budget of ``max_new_tokens``, finished slots with an inert
+   one-id prompt whose output is thrown away, so the batch keeps its shape and row order.
+   A turn that used its budget without EOS ends the episode as TRUNCATED and is not sent to
+   the environment; a context longer than ``max_prompt_tokens`` and a live episode at
+   ``max_turns`` end it as TRUNCATED too (the recorded contexts stay whole). Every other turn
+   goes to ``environment.step``;
+4. when an episode ends, the verifier scores it while its environment is still open, then the
+   environment is released (a failed release discards the episode);
+5. packs every episode with ``session_of`` (group = the task row) and ``pack`` into
+   ``[B * G * max_turns, max_prompt_tokens + max_new_tokens]`` rows: raw and behavior
+   likelihoods are the policy's own, truncated and errored episodes are masked and out of
+   their group's baseline. Set ``GRPOObjective(seq_len=max_prompt_tokens + max_new_tokens -
+   1)``.
+
+Any exception from the factory, an environment, the policy or the verifier, and any
+cancellation, aborts the collection before the update: every open environment exits under the
+original exception first, then ``EpisodeFailure`` / ``EpisodeCancelled`` is raised with the
+partial episode and the original as ``__cause__``.
+
+Clocks: the Trainer calls ``at_step(step, updates)`` before each collection (attempted step,
+committed updates; actions carry ``updates`` as ``policy_step``). Called without it, the
+rollout counts its own collections from 1 and uses ``step - 1`` as the update clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.objectives.rollouts.episodes.errors import (
+    EpisodeCancelled,
+    EpisodeFailure,
+    is_cancellation,
+)
+from dew.objectives.rollouts.episodes.progress import EpisodeProgress
+from dew.objectives.rollouts.episodes.projection import project
+from dew.objectives.rollouts.episodes.protocol import (
+    Action,
+    EnvironmentFactory,
+    Episode,
+    EpisodeId,
+    EpisodeStatus,
+    Record,
+    Verifier,
+)
+from dew.objectives.rollouts.episodes.slot import Slot
+from dew.objectives.rollouts.episodes.validation import check_action
+from dew.sampling import Sampling
+
+INERT_CONTEXT = np.zeros((1,), np.int32)
+_SEED_SALT = 0x5EED
+
+
+def _positive(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def task_ids(batch: Mapping[str, Any]) -> list[int]:
+    """The ``task_id`` column of a batch as Python ints (``[B]`` or ``[B, 1]``)."""
+    if "task_id" not in batch:
+        raise KeyError(
+            f"batch['task_id']: missing; EpisodeRollout reads integer task ids, got columns "
+            f"{sorted(batch)}"
+        )
+    column = np.asarray(batch["task_id"])
+    if column.ndim == 2 and column.shape[1] == 1:
+        column = column[:, 0]
+    if column.ndim != 1 or column.dtype == np.bool_ or column.dtype.kind not in "iu":
+        raise ValueError(
+            f"batch['task_id']: expected integer ids of shape [B], got {column.dtype} "
+            f"{column.shape}"
+        )
+    if column.size == 0 or column.min() < 0:
+        raise ValueError(f"batch['task_id']: expected nonnegative ids, got {column.tolist()}")
+    return [int(t) for t in column]
+
+
+class EpisodeRollout:
+    """Collect ``groups`` episodes per task and pack them for GRPO (see the module docstring).
+
+    Args:
+      policy: has ``bind(snapshot)`` and ``__call__(contexts, budgets, key, sampling)``
+        returning one generation per context with ``ids``, ``raw_log_probs``,
+        ``behavior_log_probs`` and ``eos`` (``dew.inference.TextGeneration``).
+      environment_factory: ``EpisodeId -> Environment``.
+      verifier: ``Episode -> float``.
+      max_prompt_tokens: the longest context a turn may read (P).
+      max_new_tokens: the response budget of each turn (R).
+      max_turns: model calls per episode (K).
+      groups: episodes per task (G).
+      sampling: ``dew.sampling.Sampling`` (EOS ids end a turn).
+      estimator: ``"group"``, ``"mean"`` or ``"rloo"`` as ``pack`` takes them.
+      record: optional callback receiving every finished or failed episode.
+      progress: draw a progress bar (``None``: only on a terminal).
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        environment_factory: EnvironmentFactory,
+        verifier: Verifier,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        max_turns: int,
+        groups: int,
+        sampling: Sampling,
+        *,
+        estimator: str = "group",
+        record: Record | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        for name in ("bind", "__call__"):
+            if not callable(getattr(policy, name, None)):
+                raise TypeError(f"policy: expected bind() and __call__, it has no {name!r}")
+        if not callable(environment_factory):
+            raise TypeError(
+                f"environment_factory: expected a callable, got {type(environment_factory)}"
+            )
+        if not callable(verifier):
+            raise TypeError(f"verifier: expected a callable, got {type(verifier).__name__}")
+        if record is not None and not callable(record):
+            raise TypeError(f"record: expected None or a callable, got {type(record).__name__}")
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling: expected a dew.sampling.Sampling, got {type(sampling)}")
+        self.policy = policy
+        self.environment_factory = environment_factory
+        self.verifier = verifier
+        self.max_prompt_tokens = _positive(max_prompt_tokens, "max_prompt_tokens")
+        self.max_new_tokens = _positive(max_new_tokens, "max_new_tokens")
+        self.max_turns = _positive(max_turns, "max_turns")
+        self.groups = _positive(groups, "groups")
+        self.sampling = sampling
+        self.estimator = estimator
+        self.record = record
+        self.progress = progress
+        self.width = self.max_prompt_tokens + self.max_new_tokens
+        self._clocks: tuple[int, int] | None = None
+        self._calls = 0
+        self._current: Slot | None = None
+        self.last_episodes: list[Episode] = []
+        self.last_timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ clocks
+    def at_step(self, step: int, updates: int) -> None:
+        """The Trainer's clocks for the next collection: attempted step, committed updates."""
+        self._clocks = (_positive(step, "step", 0), _positive(updates, "updates", 0))
+
+    def _take_clocks(self) -> tuple[int, int]:
+        self._calls += 1
+        clocks = self._clocks if self._clocks is not None else (self._calls, self._calls - 1)
+        self._clocks = None
+        return clocks
+
+    # ------------------------------------------------------------------ collection
+    def _slots(self, tasks: Sequence[int], step: int, key: jax.Array, origin: Any) -> list[Slot]:
+        rank, ranks = jax.process_index(), jax.process_count()
+        n = len(tasks) * self.groups
+        bits = jax.random.bits(jax.random.fold_in(key, _SEED_SALT), (n * ranks,), jnp.uint32)
+        seeds = np.asarray(jax.device_get(bits))[rank * n : (rank + 1) * n]
+        slots = []
+        for row, task in enumerate(tasks):
+            for sample in range(self.groups):
+                index = row * self.groups + sample
+                episode_id = EpisodeId(task, step, sample, int(seeds[index]))
+                slots.append(Slot(episode_id, rank * len(tasks) + row, origin))
+        return slots
+
+    def _finish(self, slot: Slot, status: EpisodeStatus | None = None, detail: str = "") -> None:
+        if status is not None:
+            slot.end(status, detail)
+        if slot.status is EpisodeStatus.CANCELLED:
+            raise EpisodeCancelled(
+                f"episode {slot.id}: the environment answered CANCELLED ({slot.detail!r})",
+                slot.episode(),
+            )
+        slot.verify(self.verifier)
+        slot.release()
+        if self.record is not None:
+            self.record(slot.episode())
+
+    def _round(self, slots: list[Slot], turn: int, key: jax.Array, policy_step: int) -> float:
+        """One turn of every live slot; returns the generation seconds."""
+        for slot in slots:
+            if slot.running and slot.context.size > self.max_prompt_tokens:
+                self._current = slot
+                self._finish(
+                    slot,
+                    EpisodeStatus.TRUNCATED,
+                    f"context of {slot.context.size} ids exceeds max_prompt_tokens="
+                    f"{self.max_prompt_tokens}",
+                )
+        live = [slot.running for slot in slots]
+        if not any(live):
+            return 0.0
+        contexts = [s.context if on else INERT_CONTEXT for s, on in zip(slots, live)]
+        budgets = [self.max_new_tokens if on else 1 for on in live]
+        self._current = None
+        start = time.perf_counter()
+        drawn = self.policy(contexts, budgets, jax.random.fold_in(key, turn), self.sampling)
+        seconds = time.perf_counter() - start
+        if len(drawn) != len(slots):
+            raise ValueError(f"policy: expected {len(slots)} generations, got {len(drawn)}")
+        eos = self.sampling.eos_ids
+        for slot, on, context, generation in zip(slots, live, contexts, drawn):
+            if not on:
+                continue
+            self._current = slot
+            action = Action(
+                context=context,
+                tokens=np.asarray(generation.ids),
+                raw_log_probs=np.asarray(generation.raw_log_probs),
+                behavior_log_probs=np.asarray(generation.behavior_log_probs),
+                terminated=bool(generation.eos),
+                policy_step=policy_step,
+                origin=slot.origin,
+            )
+            action = check_action(action, eos, episode=slot.id, turn=slot.turns)
+            if not action.terminated:
+                slot.record_truncated(
+                    action, f"response used max_new_tokens={self.max_new_tokens} without EOS"
+                )
+                self._finish(slot)
+                continue
+            slot.send(action)
+            if not slot.running:
+                self._finish(slot)
+        return seconds
+
+    def collect(self, variables: Any, tasks: Sequence[int], key: Any) -> list[Episode]:
+        """Run one collection and return its episodes (slot order: task row, then sample)."""
+        step, policy_step = self._take_clocks()
+        if not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
+            key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
+        self.policy.bind(variables)
+        origin = object()
+        slots = self._slots(tasks, step, key, origin)
+        bar = EpisodeProgress(len(slots), enabled=self.progress)
+        timings = {"generation": 0.0}
+        start = time.perf_counter()
+        try:
+            for slot in slots:
+                self._current = slot
+                slot.open(self.environment_factory)
+                if not slot.running:
+                    self._finish(slot)
+            for turn in range(self.max_turns):
+                self._current = None
+                timings["generation"] += self._round(slots, turn, key, policy_step)
+                done = sum(not s.running for s in slots)
+                bar.update(done, sum(s.turns for s in slots), sum(s.tool_seconds for s in slots))
+            for slot in slots:
+                if slot.running:
+                    self._current = slot
+                    self._finish(
+                        slot, EpisodeStatus.TRUNCATED, f"max_turns={self.max_turns} reached"
+                    )
+        except BaseException as err:
+            self._abort(slots, self._current, err)
+            raise AssertionError("unreachable") from err
+        finally:
+            bar.close()
+        timings["tool"] = sum(s.tool_seconds for s in slots)
+        timings["collection"] = time.perf_counter() - start
+        self.last_timings = timings
+        self.last_episodes = [s.episode() for s in slots]
+        return self.last_episodes
+
+    def _abort(self, slots: list[Slot], current: Slot | None, err: BaseException) -> None:
+        """Release every open environment under ``err`` and raise the episode error."""
+        culprit = current
+        for slot in slots:
+            if slot.is_open:
+                slot.abort(err)
+        if isinstance(err, EpisodeFailure):
+            if self.record is not None and err.episode is not None:
+                self.record(err.episode)
+            raise err
+        if not isinstance(err, Exception) and not is_cancellation(err):
+            raise err  # KeyboardInterrupt, SystemExit: environments released, then re-raised
+        cancelled = is_cancellation(err)
+        episode = None
+        if culprit is not None:
+            culprit.end(
+                EpisodeStatus.CANCELLED if cancelled else EpisodeStatus.ERROR,
+                f"{type(err).__name__}: {err}",
+            )
+            episode = culprit.episode()
+            if self.record is not None:
+                self.record(episode)
+        kind = EpisodeCancelled if cancelled else EpisodeFailure
+        where = f"episode {culprit.id}" if culprit is not None else "collection"
+        raise kind(f"{where}: aborted by {type(err).__name__}: {err}", episode) from err
+
+    def __call__(
+        self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
+    ) -> dict[str, Any]:
+        """The Trainer hook: collect one cohort and return its packed GRPO batch."""
+        tasks = task_ids(batch)
+        episodes = self.collect(variables, tasks, key)
+        start = time.perf_counter()
+        groups = [jax.process_index() * len(tasks) + i // self.groups for i in range(len(episodes))]
+        out = project(
+            episodes,
+            groups,
+            width=self.width,
+            rows=len(episodes) * self.max_turns,
+            estimator=self.estimator,
+            eos_ids=self.sampling.eos_ids,
+        )
+        self.last_timings["pack"] = time.perf_counter() - start
+        return out
+
+
+__all__ = ["EpisodeRollout", "task_ids"]
