@@ -14,10 +14,12 @@ _NAMES: dict[str, str] = {
     "EpisodeFailure": "dew.objectives.rollouts.episodes",
     "EpisodeRollout": "dew.objectives.rollouts.episodes",
     "GRPOObjective": "dew.objectives.rl.grpo",
+    "PPOObjective": "dew.objectives.rl.ppo",
     "packed_log_probs": "dew.objectives.rl.grpo",
     "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
     "RewardError": "dew.objectives.rl.rollout",
     "SampledRollout": "dew.objectives.rl.rollout",
+    "ValueHead": "dew.objectives.rl.value_head",
     "sessions": "dew.objectives.rl.sessions",
 }
 

@@ -1,0 +1,374 @@
+"""PPO with a learned critic over packed rows: one loss for the policy and the critic.
+
+The variables tree holds two subtrees, ``{"params": {"policy": ..., "critic": ...}}``, trained
+by the one optimizer the Trainer owns. ``PPOObjective.policy(variables)`` picks the policy's
+own variables (``{"params": policy}``), which is what the policy model, the sampler and the
+reference read; ``critic_variables`` picks the critic's.
+
+The batch is a packed batch (``[B, W]``, ``W = seq_len + 1``, every column aligned with
+``input_ids``) as the rollout machinery writes it, with ``old_log_probs`` (the policy's raw
+likelihoods when the ids were sampled), ``response_mask``, ``text_segment_ids``,
+``text_positions``, optionally ``behavior_log_probs``, and the PPO targets:
+``old_values`` (the critic's values when the ids were sampled), ``advantages`` and
+``returns`` (GAE over each episode, see ``dew.objectives.rollouts.ppo``).
+
+The loss, summed over the kept tokens ``mask = response_mask & segment > 0`` and divided by
+their count by the Trainer (verl ``token-mean`` for every term)::
+
+    pg    = clipped dual-clip surrogate of exp(log_probs - old_log_probs) and advantages
+            (verl 0.9.1 compute_policy_loss_vanilla, optional token TIS weights)
+    kl    = k3(log_probs, reference log_probs)            (verl kl_penalty "low_var_kl")
+    vf    = 0.5 * max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)
+                                                           (verl compute_value_loss)
+    loss  = pg + beta * kl + value_coefficient * vf
+
+``V`` at token ``t`` is the critic's output at column ``t - 1`` (the state before the token,
+as verl's critic reads it), the same alignment as the policy's log-probs. Both losses reduce
+over the same token mass, so only token-mean aggregation exists; sequence and geometric masks,
+which would drop policy tokens but not value tokens, are refused.
+
+Metrics beyond GRPO's (``policy/*``, ``kl/reference``, ``mismatch/*``, ``tokens``):
+``critic/loss`` (token mean of the clipped half-squared error), ``critic/clip_fraction``
+(verl ``vf_clipfrac``), ``critic/error`` (token mean of ``(V - R)^2``), ``critic/value`` and
+``critic/return`` (token means).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from dew.objectives.base import validate_pretrained
+from dew.objectives.rl.grpo import GRPOObjective, packed_log_probs, policy_loss_from_log_probs
+from dew.rl import clipped_value_loss_terms, masked_mean
+
+_UNSET = object()
+POLICY = "policy"
+CRITIC = "critic"
+TARGETS = ("old_values", "advantages", "returns")
+
+
+def _split(variables: Mapping[str, Any], part: str) -> dict[str, Any]:
+    """The ``part`` subtree of every collection that has one, as a variables mapping."""
+    if not hasattr(variables, "keys") or "params" not in variables:
+        raise ValueError(
+            f"variables: expected a mapping with a 'params' collection, got "
+            f"{type(variables).__name__}"
+        )
+    params = variables["params"]
+    if not hasattr(params, "keys") or part not in params:
+        keys = sorted(params.keys()) if hasattr(params, "keys") else type(params).__name__
+        raise KeyError(
+            f"variables['params'][{part!r}]: missing; a PPO variables tree holds 'policy' and "
+            f"'critic' subtrees, got {keys}"
+        )
+    return {
+        name: tree[part]
+        for name, tree in variables.items()
+        if hasattr(tree, "keys") and part in tree
+    }
+
+
+def _join(policy: Mapping[str, Any], critic: Mapping[str, Any]) -> dict[str, Any]:
+    """One variables tree with ``policy`` and ``critic`` under every collection."""
+    out: dict[str, Any] = {}
+    for name in sorted(set(policy) | set(critic)):
+        out[name] = {}
+        if name in policy:
+            out[name][POLICY] = policy[name]
+        if name in critic:
+            out[name][CRITIC] = critic[name]
+    return out
+
+
+def packed_values(
+    critic: Any, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+) -> jax.Array:
+    """``[B, W]`` float32 critic value of the state before each id, 0 where no state is.
+
+    The critic reads ``input_ids[:, :-1]`` with the rows' segment ids and positions and
+    returns ``[B, W - 1]``; column ``t`` of the result is its output at column ``t - 1``, the
+    same alignment as ``packed_log_probs``. The first id of every chain, padding and column 0
+    get 0.
+    """
+    ids = jnp.asarray(batch["input_ids"])
+    segments = jnp.asarray(batch["text_segment_ids"])
+    positions = jnp.asarray(batch["text_positions"])
+    values = critic.apply(
+        variables, ids[:, :-1], segment_ids=segments[:, :-1], positions=positions[:, :-1]
+    )
+    expected = (ids.shape[0], ids.shape[1] - 1)
+    if tuple(values.shape) != expected:
+        raise ValueError(
+            f"critic: expected one value per position, shape {expected} for input_ids "
+            f"{tuple(ids.shape[:1]) + (ids.shape[1] - 1,)}, got {tuple(values.shape)}"
+        )
+    values = values.astype(jnp.float32)
+    same_chain = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
+    values = jnp.where(same_chain, values, 0.0)
+    return jnp.concatenate([jnp.zeros_like(values[:, :1]), values], axis=1)
+
+
+def value_loss_terms(
+    values: jax.Array,
+    batch: Mapping[str, jax.Array],
+    mask: jax.Array,
+    value_clip: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``[B, W]`` clipped half-squared value errors (0 off ``mask``) and critic metrics."""
+    returns = jnp.where(mask, jnp.asarray(batch["returns"]).astype(jnp.float32), 0.0)
+    old = jnp.where(mask, jnp.asarray(batch["old_values"]).astype(jnp.float32), 0.0)
+    predicted = jnp.where(mask, values, 0.0)
+    terms = jnp.where(mask, clipped_value_loss_terms(predicted, returns, old, value_clip), 0.0)
+    clipped = jnp.maximum(jnp.minimum(predicted, old + value_clip), old - value_clip)
+    plain = (predicted - returns) ** 2
+    metrics = {
+        "critic/loss": masked_mean(terms, mask),
+        "critic/clip_fraction": masked_mean(
+            ((clipped - returns) ** 2 > plain).astype(jnp.float32), mask
+        ),
+        "critic/error": masked_mean(plain, mask),
+        "critic/value": masked_mean(predicted, mask),
+        "critic/return": masked_mean(returns, mask),
+    }
+    return terms, jax.lax.stop_gradient(metrics)
+
+
+class PPOObjective:
+    """Proximal policy optimisation with a learned critic, one loss and one optimizer.
+
+    Args:
+      model: the policy, a ``dew.models`` decoder or any module called as
+        ``apply(variables, ids, segment_ids=, positions=) -> logits [B, T, V]``.
+      seq_len: predicted positions per row; batches are ``[B, seq_len + 1]``.
+      critic: a module called the same way that returns one value per position ``[B, T]``,
+        for example ``ValueHead(backbone)``.
+      value_coefficient: weight of the critic's loss (verl ``vf_coef``), > 0.
+      value_clip: predictions are clipped to ``old_values +- value_clip`` (verl
+        ``cliprange_value``), > 0.
+      beta: coefficient of the k3 KL to the frozen policy reference; ``> 0`` keeps the
+        starting variables in ``TrainState.ema`` and reads only their policy subtree.
+      pretrained: full policy variables (``{"params": ...}``) the policy starts from.
+      critic_pretrained: full critic variables the critic starts from.
+      epsilon_low, epsilon_high: PPO clip range ``[1 - low, 1 + high]``.
+      dual_clip: verl's ``clip_ratio_c`` (> 1) for negative advantages; None disables it.
+      behavior_importance: None, a TIS cap ``c`` or an IcePop ``(low, high)`` band, as on
+        ``GRPOObjective``.
+      sampling_temperature: score ids at the temperature they were sampled at.
+      aggregation, sequence_mask, geometric_mask: accepted only at their defaults
+        (``"token-mean"``, None, None); anything else is refused, because the value loss
+        shares the policy loss's token mass.
+      ema_decay: refused unless it equals the fixed value (1.0 when ``beta > 0``, else None).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        seq_len: int,
+        critic: Any,
+        value_coefficient: float = 0.5,
+        value_clip: float = 0.2,
+        beta: float = 0.0,
+        pretrained: Mapping[str, Any] | None = None,
+        critic_pretrained: Mapping[str, Any] | None = None,
+        epsilon_low: float = 0.2,
+        epsilon_high: float = 0.2,
+        dual_clip: float | None = 3.0,
+        behavior_importance: float | tuple[float, float] | None = None,
+        sampling_temperature: float | None = None,
+        aggregation: str = "token-mean",
+        sequence_mask: tuple[float, float] | None = None,
+        geometric_mask: tuple[float, float] | None = None,
+        ema_decay: Any = _UNSET,
+    ) -> None:
+        if aggregation != "token-mean":
+            raise ValueError(
+                f"aggregation: PPO supports only 'token-mean' (the policy and value losses "
+                f"share one token count), got {aggregation!r}"
+            )
+        for name, band in (("sequence_mask", sequence_mask), ("geometric_mask", geometric_mask)):
+            if band is not None:
+                raise ValueError(
+                    f"{name}: PPO refuses sequence masks (they would drop policy tokens but not "
+                    f"value tokens from the shared token mean); expected None, got {band!r}"
+                )
+        if critic is None or not hasattr(critic, "apply") or not hasattr(critic, "init"):
+            raise TypeError(
+                f"critic: expected a flax module returning one value per position (for example "
+                f"ValueHead(backbone)), got {type(critic).__name__}"
+            )
+        for name, value in (("value_coefficient", value_coefficient), ("value_clip", value_clip)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name}: expected a positive finite float, got {value!r}")
+            if not (float(value) > 0.0 and math.isfinite(float(value))):
+                raise ValueError(f"{name}: expected a positive finite float, got {value!r}")
+        validate_pretrained(critic_pretrained, field="critic_pretrained")
+        fixed = 1.0 if float(beta) > 0 else None
+        if ema_decay is not _UNSET and ema_decay != fixed:
+            raise ValueError(
+                f"ema_decay: PPO fixes it at {fixed!r} (a frozen policy reference when beta > 0, "
+                f"none otherwise); got {ema_decay!r}"
+            )
+        # The policy half is GRPO's: same checks, scoring and surrogate.
+        self._policy = GRPOObjective(
+            model,
+            seq_len,
+            beta=beta,
+            pretrained=pretrained,
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            dual_clip=dual_clip,
+            behavior_importance=behavior_importance,
+            sampling_temperature=sampling_temperature,
+        )
+        self.model = model
+        self.critic = critic
+        self.seq_len = seq_len
+        self.value_coefficient = float(value_coefficient)
+        self.value_clip = float(value_clip)
+        self.beta = self._policy.beta
+        self.pretrained = pretrained
+        self.critic_pretrained = critic_pretrained
+        self.epsilon_low = self._policy.epsilon_low
+        self.epsilon_high = self._policy.epsilon_high
+        self.dual_clip = self._policy.dual_clip
+        self.behavior_importance = self._policy.behavior_importance
+        self.sampling_temperature = self._policy.sampling_temperature
+        self.aggregation = "token-mean"
+
+    @property
+    def ema_decay(self) -> float | None:
+        """1.0 (frozen reference) when ``beta > 0``, else None."""
+        return self._policy.ema_decay
+
+    @property
+    def width(self) -> int:
+        """Row width of the batches this objective trains on (``seq_len + 1``)."""
+        return self.seq_len + 1
+
+    # ------------------------------------------------------------------ variables
+
+    def init(self, key: jax.Array) -> dict[str, Any]:
+        """``{"params": {"policy": ..., "critic": ...}}``; each half fresh or pretrained.
+
+        The critic is initialised from its own key (split from ``key``), never from the
+        policy's weights.
+        """
+        policy_key, critic_key = jax.random.split(key)
+        policy = dict(self._policy.init(policy_key))
+        if self.critic_pretrained is not None:
+            critic = dict(self.critic_pretrained)
+        else:
+            ids = jnp.zeros((1, self.width), jnp.int32)
+            positions = jnp.arange(self.width, dtype=jnp.int32)[None, :]
+            critic = dict(
+                self.critic.init(
+                    critic_key, ids, segment_ids=jnp.ones_like(ids), positions=positions
+                )
+            )
+        return _join(policy, critic)
+
+    def policy(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """The policy's own variables (``{"params": policy}``) out of a PPO variables tree."""
+        return _split(variables, POLICY)
+
+    def critic_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """The critic's own variables (``{"params": critic}``) out of a PPO variables tree."""
+        return _split(variables, CRITIC)
+
+    # ------------------------------------------------------------------ scoring
+
+    def packed_log_probs(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> jax.Array:
+        """``[B, W]`` policy log-probs of every id given its own chain (PPO variables tree)."""
+        self._policy._check_width(batch)
+        return packed_log_probs(
+            self.model, self.policy(variables), batch, self.sampling_temperature
+        )
+
+    def packed_values(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> jax.Array:
+        """``[B, W]`` critic values of the state before each id (PPO variables tree)."""
+        self._policy._check_width(batch)
+        return packed_values(self.critic, self.critic_variables(variables), batch)
+
+    def options(self) -> dict[str, Any]:
+        """The policy-loss options, as ``policy_loss_from_log_probs`` takes them."""
+        return self._policy.options()
+
+    # ------------------------------------------------------------------ loss
+
+    def _check_batch(self, batch: Mapping[str, jax.Array]) -> None:
+        self._policy._check_width(batch)
+        shape = tuple(jnp.shape(batch["input_ids"]))
+        needed = ("old_log_probs", "response_mask", "text_segment_ids", "text_positions")
+        for name in (*needed, *TARGETS):
+            if name not in batch:
+                why = (
+                    "PPORollout adds it"
+                    if name in TARGETS
+                    else "PPO compares the current policy with the recorded old one"
+                    if name == "old_log_probs"
+                    else "a packed batch carries it"
+                )
+                raise KeyError(f"batch[{name!r}]: missing; {why}")
+            if tuple(jnp.shape(batch[name])) != shape:
+                raise ValueError(
+                    f"batch[{name!r}]: expected shape {shape} aligned with input_ids, got "
+                    f"{tuple(jnp.shape(batch[name]))}"
+                )
+
+    def loss(
+        self,
+        variables: Mapping[str, Any],
+        batch: Mapping[str, jax.Array],
+        key: jax.Array,
+        reference: Mapping[str, Any] | None = None,
+    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+        """``(loss_sum, weight, metrics)`` for one packed (micro)batch; see the module doc."""
+        del key
+        self._check_batch(batch)
+        log_probs = self.packed_log_probs(variables, batch)
+        ref_log_probs = None
+        if self.beta > 0:
+            if reference is None:
+                raise ValueError(
+                    "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
+                )
+            ref_log_probs = jax.lax.stop_gradient(self.packed_log_probs(reference, batch))
+        policy_sum, weight, metrics = policy_loss_from_log_probs(
+            log_probs, batch, ref_log_probs=ref_log_probs, **self.options()
+        )
+        mask = (jnp.asarray(batch["response_mask"]) > 0) & (
+            jnp.asarray(batch["text_segment_ids"]) > 0
+        )
+        values = self.packed_values(variables, batch)
+        terms, critic_metrics = value_loss_terms(values, batch, mask, self.value_clip)
+        value_sum = jnp.sum(terms)
+        loss_sum = policy_sum + jnp.asarray(self.value_coefficient, policy_sum.dtype) * value_sum
+        metrics = {**metrics, **critic_metrics}
+        if "rewards" in batch:
+            metrics["reward/mean"] = jnp.mean(jnp.asarray(batch["rewards"]).astype(jnp.float32))
+        return loss_sum, weight, metrics
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.Array
+    ) -> dict[str, jax.Array]:
+        """The policy's prompt perplexity sums (as ``GRPOObjective.evaluate``)."""
+        return self._policy.evaluate(self.policy(variables), batch, key)
+
+    @staticmethod
+    def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:
+        """Prompt NLL per transition and its perplexity from summed ``evaluate`` outputs."""
+        return GRPOObjective.summarize_evaluation(totals)
+
+
+__all__ = ["PPOObjective", "packed_values", "value_loss_terms"]

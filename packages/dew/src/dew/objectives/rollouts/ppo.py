@@ -1,0 +1,164 @@
+"""PPO targets for packed episodes: GAE over each episode's actions, in draw order.
+
+A tool episode is several calls (turns); the packer may split them over several chains and
+rows. ``episode_targets`` gathers every sampled id (an *action*) of each episode from the
+packed ``[B, W]`` arrays, orders them as they were drawn (by ``call_index``, then by position
+inside the call's chain), and runs verl 0.9.1's ``compute_gae_advantage_return``
+(``dew.rl.gae``) over each episode as one sequence:
+
+- the episode's reward sits on its last action, every other action has reward 0;
+- the value after the last action is 0 (no bootstrap): an episode that completed has no
+  future, which is the convention of the pinned verl GAE; truncated episodes are not
+  trained (the caller leaves them out of the mask), so they never need a bootstrap;
+- ``returns = A + V`` before whitening; the advantages are then whitened over the global set
+  of actions (every trained action of the cohort), as verl whitens over its batch.
+
+Observations between calls are not actions and take no part: GAE walks straight from one
+call's last action to the next call's first one, the way verl's GAE passes its running
+values through observation tokens.
+
+Edge cases: a cohort with no action at all gets zero advantages and returns (the objective's
+weight is then 0 and the Trainer makes no update); a cohort with exactly one action is
+refused, because the unbiased deviation of one value is undefined (verl raises there too).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.rl import gae
+
+REQUIRED = ("response_mask", "session_index", "call_index", "text_positions")
+
+
+class SingleActionError(ValueError):
+    """A cohort with exactly one trainable action: its whitened advantage is undefined."""
+
+
+def _bucket(n: int) -> int:
+    """The next power of two >= n (at least 1), so few GAE programs are compiled."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))
+def _gae(
+    rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float, lam: float
+) -> tuple[jax.Array, jax.Array]:
+    return gae(rewards, values, mask, gamma, lam)
+
+
+def _column(batch: Mapping[str, Any], name: str, shape: tuple[int, ...] | None) -> np.ndarray:
+    if name not in batch:
+        raise KeyError(f"batch[{name!r}]: missing; episode GAE needs the packed {name}")
+    value = np.asarray(batch[name])
+    if value.ndim != 2 or (shape is not None and value.shape != shape):
+        want = "[B, W]" if shape is None else f"{shape} aligned with response_mask"
+        raise ValueError(f"batch[{name!r}]: expected {want}, got shape {value.shape}")
+    return value
+
+
+def action_order(batch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every action cell of a packed batch, grouped by episode, in draw order.
+
+    Returns ``(rows, cols, episodes)``, 1-D arrays of equal length: the packed cell of each
+    action and its ``session_index``, sorted by episode, then ``call_index``, then position.
+    An action is a cell with ``response_mask > 0`` and ``session_index >= 0``.
+    """
+    mask = _column(batch, "response_mask", None)
+    shape = mask.shape
+    session = _column(batch, "session_index", shape)
+    call = _column(batch, "call_index", shape)
+    position = _column(batch, "text_positions", shape)
+    rows, cols = np.nonzero((mask > 0) & (session >= 0))
+    order = np.lexsort((position[rows, cols], call[rows, cols], session[rows, cols]))
+    rows, cols = rows[order], cols[order]
+    return rows, cols, session[rows, cols].astype(np.int64)
+
+
+def episode_targets(
+    batch: Mapping[str, Any],
+    values: Any,
+    rewards: Any,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> dict[str, np.ndarray]:
+    """GAE advantages (whitened) and returns of packed episodes, shaped like the batch.
+
+    Args:
+      batch: packed columns ``[B, W]``: ``response_mask`` (non-zero on trained actions),
+        ``session_index`` (the episode of each action, -1 elsewhere), ``call_index`` and
+        ``text_positions``.
+      values: ``[B, W]`` critic values of the state before each id (``old_values``).
+      rewards: ``[S]`` episode rewards, indexed by ``session_index``.
+      gamma: discount per action.
+      lam: GAE lambda.
+
+    Returns:
+      ``{"advantages", "returns"}``, float32 ``[B, W]``, 0 off the actions.
+
+    Raises:
+      SingleActionError: the batch holds exactly one action.
+    """
+    for name, value in (("gamma", gamma), ("lam", lam)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise TypeError(f"{name}: expected a float in [0, 1], got {value!r}")
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"{name}: expected a float in [0, 1], got {value!r}")
+    rows, cols, episodes = action_order(batch)
+    shape = np.asarray(batch["response_mask"]).shape
+    values = np.asarray(values)
+    if values.shape != shape:
+        raise ValueError(
+            f"values: expected shape {shape} aligned with the batch, got {values.shape}"
+        )
+    rewards = np.asarray(rewards, np.float64).reshape(-1)
+    advantages = np.zeros(shape, np.float32)
+    returns = np.zeros(shape, np.float32)
+    if rows.size == 0:
+        return {"advantages": advantages, "returns": returns}
+    if rows.size == 1:
+        raise SingleActionError(
+            "response_mask: the cohort holds exactly one trainable action token "
+            f"(row {rows[0]}, column {cols[0]}); its advantage cannot be whitened (the unbiased "
+            "deviation of one value is undefined). Sample more actions per update."
+        )
+    if episodes.max() >= rewards.size:
+        raise ValueError(
+            f"rewards: expected one reward per episode, {int(episodes.max()) + 1} or more, "
+            f"got {rewards.size}"
+        )
+    if not np.all(np.isfinite(values[rows, cols])):
+        raise ValueError("values: expected finite critic values on every action, got nan or inf")
+    present, starts, counts = np.unique(episodes, return_index=True, return_counts=True)
+    if not np.all(np.isfinite(rewards[present])):
+        raise ValueError("rewards: expected a finite reward for every trained episode")
+    slot = np.arange(rows.size) - np.repeat(starts, counts)  # action index inside its episode
+    line = np.repeat(np.arange(present.size), counts)  # compact row of each action
+    height, length = _bucket(present.size), _bucket(int(counts.max()))
+    compact_values = np.zeros((height, length), np.float32)
+    compact_rewards = np.zeros((height, length), np.float32)
+    compact_mask = np.zeros((height, length), bool)
+    compact_values[line, slot] = values[rows, cols]
+    compact_mask[line, slot] = True
+    compact_rewards[np.arange(present.size), counts - 1] = rewards[present].astype(np.float32)
+    adv, ret = jax.device_get(
+        _gae(
+            jnp.asarray(compact_rewards),
+            jnp.asarray(compact_values),
+            jnp.asarray(compact_mask),
+            float(gamma),
+            float(lam),
+        )
+    )
+    advantages[rows, cols] = np.asarray(adv)[line, slot]
+    returns[rows, cols] = np.asarray(ret)[line, slot]
+    return {"advantages": advantages, "returns": returns}
+
+
+__all__ = ["SingleActionError", "action_order", "episode_targets"]
