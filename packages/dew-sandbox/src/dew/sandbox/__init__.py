@@ -10,6 +10,8 @@ Public names:
 * :class:`ContainerRunner` - a fresh network-less container per program (docker SDK).
 * :class:`SandboxFleet` - many programs on N threads, outcomes in order.
 * :class:`CodeReward` - the last Python block of a completion against stdin/stdout cases.
+* :class:`SubprocessEnvironment` - a tool-episode environment served by a worker process
+  over JSON lines (duck-typed to dew's episode protocol).
 """
 
 from dew.sandbox.container_runner import ContainerRunner, engine_unavailable_reason
@@ -20,6 +22,11 @@ from dew.sandbox.outcome import Outcome, Verdict
 from dew.sandbox.process_runner import ProcessRunner
 from dew.sandbox.program import Program
 from dew.sandbox.reward import CodeReward
+from dew.sandbox.subprocess_environment import (
+    SubprocessEnvironment,
+    SubprocessEnvironmentError,
+    SubprocessSession,
+)
 
 __all__ = [
     "CodeReward",
@@ -30,6 +37,9 @@ __all__ = [
     "SandboxCancelled",
     "SandboxFleet",
     "SandboxLimits",
+    "SubprocessEnvironment",
+    "SubprocessEnvironmentError",
+    "SubprocessSession",
     "Verdict",
     "engine_unavailable_reason",
 ]
