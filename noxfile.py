@@ -23,6 +23,7 @@ FORBIDDEN = {
     "dew": {"torch", "verl", "trl"},
     # dew-sandbox needs neither dew nor JAX: its isolated install proves it.
     "dew-sandbox": {"dew", "jax", "jaxlib", "flax", "optax", "torch", "verl", "trl"},
+    "dew-flow": {"torch", "verl", "trl", "diffusers"},
 }
 
 nox.options.default_venv_backend = "uv"

@@ -6,7 +6,8 @@ imports included). The rules:
 
 * ``dew.rl`` imports only jax, numpy, the standard library and itself;
 * inside the ``dew`` distribution, only ``dew.objectives`` may import ``dew.rl``;
-* ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``.
+* ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
+* ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``.
 
 The checker is also run on planted violations, so a checker that silently
 accepts everything fails here too.
@@ -74,6 +75,10 @@ def violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
             for satellite in SATELLITES:
                 if _within(name, satellite):
                     bad.append(f"{module}:{line} dew imports {satellite} ({name})")
+        if _within(module, "dew.flow"):
+            for other in ("dew.rollout", "dew.sandbox"):
+                if _within(name, other):
+                    bad.append(f"{module}:{line} dew.flow imports {other} ({name})")
     return bad
 
 
@@ -115,6 +120,9 @@ PLANTED = [
     ("dew.inference.server", "from dew.rollout import Publication\n"),
     ("dew.objectives.lm", "from dew.flow import presets\n"),
     ("dew.cli", "def f():\n    import dew.sandbox.fleet\n"),
+    ("dew.quickstart.command", "from dew.flow.quickstart import run\n"),
+    ("dew.flow.grpo", "import dew.rollout\n"),
+    ("dew.flow.rollout", "from dew.sandbox import CodeReward\n"),
 ]
 
 
@@ -130,6 +138,7 @@ ALLOWED = [
     ("dew.objectives.lm", "import dew.rl\n"),
     ("dew.sandbox.fleet", "import dew.models\nfrom dew.sandbox import limits\n"),
     ("dew.flow.objective", "import dew.rl\n"),
+    ("dew.flow.grpo", "from dew.objectives.rl import policy_loss_from_log_probs\nimport flax\n"),
     ("dew.trainer.step", "import jax\nfrom dew.models import build\n"),
 ]
 

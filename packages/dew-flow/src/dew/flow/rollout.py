@@ -1,0 +1,221 @@
+"""FlowRollout: the Trainer's ``rollout=`` hook for Flow-GRPO.
+
+Each step the Trainer hands over this process's source rows (the condition fields; an image
+field, if present, is ignored) and the live variables. The rollout
+
+1. repeats every source row ``groups`` times, contiguously (row ``r`` gives samples
+   ``r * G .. r * G + G - 1``), and samples one SDE trajectory of ``steps`` time points per
+   sample, the noise drawn from a key folded with the sample's global index (so a row's
+   trajectory does not depend on how rows are spread over processes);
+2. decodes the final states to pixels in ``[-1, 1]`` and scores them with
+   ``reward(images [N, H, W, C], batch) -> [N]``, ``batch`` being the repeated source rows as
+   numpy arrays. With several processes the images are gathered and the reward runs on
+   process 0 only; the float64 scores travel back as bytes;
+3. normalises each group: ``(r - mean) / (std + 1e-4)`` with the population std, in float64,
+   then casts the advantages to float32;
+4. picks the first ``train_steps`` stochastic transitions (all of them for ``None``) and writes
+   a fixed-shape batch; a sample whose advantage is exactly 0 (a group of equal rewards) stays
+   in it with its ``transition_mask`` cleared.
+
+``rewards`` stays float64 in the returned batch (the Trainer's device copy narrows it when
+JAX's x64 mode is off); ``last_rewards`` and ``last_timings`` (``sampling``, ``rewards``,
+``batch``) keep the latest call's values.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+Reward = Callable[[np.ndarray, dict[str, np.ndarray]], Any]
+STD_EPS = 1e-4
+
+
+class RewardError(RuntimeError):
+    """The reward raised, or returned something other than ``N`` finite numbers."""
+
+
+def group_advantages(rewards: np.ndarray, groups: int) -> np.ndarray:
+    """``[N]`` float64 advantages of contiguous groups: ``(r - mean) / (std + 1e-4)``.
+
+    ``std`` is the population standard deviation of the group (``ddof=0``); ``rewards`` is
+    ``[N]`` with ``N`` a multiple of ``groups``.
+    """
+    r = np.asarray(rewards, np.float64).reshape(-1, groups)
+    mean = r.mean(axis=1, keepdims=True)
+    std = r.std(axis=1, keepdims=True)
+    return ((r - mean) / (std + STD_EPS)).reshape(-1)
+
+
+class FlowRollout:
+    """Sample, score and normalise Flow-GRPO groups.
+
+    Args:
+      objective: the ``FlowGRPOObjective`` being trained.
+      reward: ``reward(images, batch) -> [N]`` finite numbers; images are float32
+        ``[N, H, W, C]`` in ``[-1, 1]``.
+      groups: samples per source row, at least 2.
+      steps: time points of the sampler (both ends), ``>= 2``.
+      train_steps: how many of the first stochastic transitions enter the loss; ``None``: all.
+      rescore: recompute ``old_log_probs`` with the objective's own forward pass (then a TIS
+        cap can be used); otherwise the sampler's densities stand in (bypass mode).
+    """
+
+    def __init__(
+        self,
+        objective: Any,
+        reward: Reward,
+        groups: int,
+        steps: int,
+        train_steps: int | None = None,
+        rescore: bool = False,
+    ) -> None:
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 2:
+            raise ValueError(
+                f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
+            )
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+            raise ValueError(f"steps: expected an integer >= 2 (both endpoints), got {steps!r}")
+        if train_steps is not None and (
+            isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1
+        ):
+            raise ValueError(f"train_steps: expected None or an integer >= 1, got {train_steps!r}")
+        if not callable(reward):
+            raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
+        for name in ("trajectory", "log_densities", "inputs", "to_pixels"):
+            if not hasattr(objective, name):
+                raise TypeError(f"objective: expected a FlowGRPOObjective, it has no {name!r}")
+        self.objective = objective
+        self.reward = reward
+        self.groups = groups
+        self.steps = steps
+        times = objective.process.grid(steps)
+        live = np.flatnonzero(np.asarray(objective.process.noise_scales(times)) > 0)
+        if live.size == 0:
+            raise ValueError(
+                f"steps={steps}: the process has no stochastic transition (noise_level "
+                f"{objective.process.noise_level}, sde_window {objective.process.sde_window})"
+            )
+        if train_steps is not None and train_steps > live.size:
+            raise ValueError(
+                f"train_steps: expected at most the {live.size} stochastic transitions of "
+                f"steps={steps}, got {train_steps}"
+            )
+        self.train_steps = train_steps
+        self.selected = live if train_steps is None else live[:train_steps]
+        self.rescore = bool(rescore)
+        self._sample = jax.jit(self._sample_fn)
+        self._rescorer = jax.jit(objective.log_densities)
+        self.last_rewards: np.ndarray | None = None
+        self.last_timings: dict[str, float] = {}
+
+    def _sample_fn(self, variables: Any, fields: Any, keys: jax.Array) -> dict[str, jax.Array]:
+        obj = self.objective
+        path = obj.trajectory(variables, fields, keys, self.steps, obj.guidance)
+        pick = jnp.asarray(self.selected)
+        n = path.states.shape[0]
+        size = math.prod(obj.state_shape)
+        return {
+            "images": obj.to_pixels(path.samples),
+            "states": path.states[:, pick],
+            "next_states": path.states[:, pick + 1],
+            "times": jnp.broadcast_to(path.times[pick], (n, pick.size)),
+            "next_times": jnp.broadcast_to(path.times[pick + 1], (n, pick.size)),
+            "scales": jnp.broadcast_to(path.scales[pick], (n, pick.size)),
+            "behavior_log_probs": path.log_densities[:, pick] / size,
+            "stochastic": jnp.broadcast_to(path.stochastic[pick], (n, pick.size)),
+        }
+
+    def _score(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
+        n = images.shape[0]
+        try:
+            value = self.reward(images, repeated)
+        except Exception as err:
+            raise RewardError(f"reward: raised {type(err).__name__}: {err}") from err
+        try:
+            scores = np.asarray(value, np.float64).reshape(-1)
+        except (TypeError, ValueError) as err:
+            raise RewardError(f"reward: expected {n} numbers, got {value!r}") from err
+        if scores.shape != (n,):
+            raise RewardError(
+                f"reward: expected one score per sample, shape [{n}], got {list(np.shape(value))}"
+            )
+        bad = np.flatnonzero(~np.isfinite(scores))
+        if bad.size:
+            raise RewardError(
+                f"reward: expected finite scores, sample {int(bad[0])} got {scores[bad[0]]}"
+            )
+        return scores
+
+    def _rewards(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
+        """Score on process 0 with every process's images; each process gets its own rows."""
+        count = jax.process_count()
+        if count == 1:
+            return self._score(images, repeated)
+        everything = multihost_utils.process_allgather({"images": images, **repeated}, tiled=True)
+        n = images.shape[0]
+        if jax.process_index() == 0:
+            scores = self._score(
+                np.asarray(everything.pop("images")),
+                {k: np.asarray(v) for k, v in everything.items()},
+            )
+        else:
+            scores = np.zeros(n * count, np.float64)
+        raw = np.frombuffer(scores.astype(np.float64).tobytes(), np.uint8)
+        raw = np.asarray(multihost_utils.broadcast_one_to_all(raw))
+        scores = np.frombuffer(raw.astype(np.uint8).tobytes(), np.float64)
+        start = jax.process_index() * n
+        return scores[start : start + n].copy()
+
+    def __call__(
+        self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
+    ) -> dict[str, Any]:
+        """One rollout: the Flow-GRPO batch for this process's rows."""
+        obj = self.objective
+        obj.inputs.check(batch, target=False)
+        timings: dict[str, float] = {}
+        rows = obj.inputs.rows(batch)
+        source = {f.name: np.asarray(batch[f.name]) for f in obj.inputs.conditions}
+        repeated = {name: np.repeat(v, self.groups, axis=0) for name, v in source.items()}
+        n = rows * self.groups
+        offset = jax.process_index() * n
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(offset, offset + n))
+        start = time.perf_counter()
+        host_vars = jax.device_get(variables)
+        out = jax.device_get(self._sample(host_vars, obj.fields(repeated), keys))
+        timings["sampling"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        images = np.asarray(out.pop("images"), np.float32)
+        rewards = self._rewards(images, repeated)
+        timings["rewards"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        advantages = group_advantages(rewards, self.groups)
+        s = self.selected.size
+        stochastic = np.asarray(out.pop("stochastic"), bool)
+        mask = stochastic & (advantages != 0.0)[:, None]
+        result: dict[str, Any] = {name: np.asarray(v) for name, v in out.items()}
+        result.update(obj.fields(repeated))
+        result["transition_mask"] = mask.astype(np.float32)
+        result["advantages"] = np.repeat(advantages.astype(np.float32)[:, None], s, axis=1)
+        result["rewards"] = rewards
+        if self.rescore:
+            fields = {k: v for k, v in result.items() if k != "rewards"}
+            result["old_log_probs"] = np.asarray(
+                jax.device_get(self._rescorer(host_vars, fields)), np.float32
+            )
+        timings["batch"] = time.perf_counter() - start
+        self.last_rewards = rewards
+        self.last_timings = timings
+        return result
+
+
+__all__ = ["FlowRollout", "RewardError", "STD_EPS", "group_advantages"]
