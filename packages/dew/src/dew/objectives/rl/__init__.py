@@ -12,6 +12,7 @@ _NAMES: dict[str, str] = {
     "DPOObjective": "dew.objectives.rl.dpo",
     "EpisodeCancelled": "dew.objectives.rollouts.episodes",
     "EpisodeFailure": "dew.objectives.rollouts.episodes",
+    "EpisodeJournal": "dew.objectives.rollouts.episodes",
     "EpisodeRollout": "dew.objectives.rollouts.episodes",
     "GRPOObjective": "dew.objectives.rl.grpo",
     "PPOObjective": "dew.objectives.rl.ppo",

@@ -6,7 +6,8 @@
 * the one action validation :func:`check_action` and its named errors;
 * :class:`EpisodeFailure` / :class:`EpisodeCancelled`;
 * :func:`session_of` and :func:`project` (episodes to packed GRPO rows);
-* :class:`EpisodeRollout`, the Trainer's ``rollout=`` hook.
+* :class:`EpisodeRollout`, the Trainer's ``rollout=`` hook, and :class:`EpisodeJournal`, its
+  crash-safe SQLite record of pending and completed turns.
 """
 
 from dew.objectives.rollouts.episodes.errors import (
@@ -19,6 +20,12 @@ from dew.objectives.rollouts.episodes.errors import (
     TerminationError,
     TokenIdError,
     TokensAfterEosError,
+)
+from dew.objectives.rollouts.episodes.journal import (
+    EpisodeJournal,
+    JournalBusy,
+    JournalMismatch,
+    PolicyMismatch,
 )
 from dew.objectives.rollouts.episodes.projection import project
 from dew.objectives.rollouts.episodes.protocol import (
@@ -47,12 +54,16 @@ __all__ = [
     "EpisodeCancelled",
     "EpisodeFailure",
     "EpisodeId",
+    "EpisodeJournal",
     "EpisodeRollout",
     "EpisodeStatus",
     "InvalidAction",
+    "JournalBusy",
+    "JournalMismatch",
     "LikelihoodError",
     "MixedOriginError",
     "Observation",
+    "PolicyMismatch",
     "Record",
     "TerminationError",
     "TokenIdError",

@@ -35,6 +35,8 @@ rollout counts its own collections from 1 and uses ``step - 1`` as the update cl
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,6 +50,7 @@ from dew.objectives.rollouts.episodes.errors import (
     EpisodeFailure,
     is_cancellation,
 )
+from dew.objectives.rollouts.episodes.journal import EpisodeJournal, policy_digest
 from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.objectives.rollouts.episodes.projection import project
 from dew.objectives.rollouts.episodes.protocol import (
@@ -57,6 +60,7 @@ from dew.objectives.rollouts.episodes.protocol import (
     EpisodeId,
     EpisodeStatus,
     Record,
+    Transition,
     Verifier,
 )
 from dew.objectives.rollouts.episodes.slot import Slot
@@ -107,6 +111,9 @@ class EpisodeRollout:
       max_turns: model calls per episode (K).
       groups: episodes per task (G).
       sampling: ``dew.sampling.Sampling`` (EOS ids end a turn).
+      journal: optional :class:`EpisodeJournal`: pending draws and completed turns are
+        committed as they happen and reused when the same step is attempted again after a
+        crash (environments then need ``get_state``/``set_state``).
       estimator: ``"group"``, ``"mean"`` or ``"rloo"`` as ``pack`` takes them.
       record: optional callback receiving every finished or failed episode.
       progress: draw a progress bar (``None``: only on a terminal).
@@ -122,6 +129,7 @@ class EpisodeRollout:
         max_turns: int,
         groups: int,
         sampling: Sampling,
+        journal: EpisodeJournal | None = None,
         *,
         estimator: str = "group",
         record: Record | None = None,
@@ -147,7 +155,10 @@ class EpisodeRollout:
         self.max_new_tokens = _positive(max_new_tokens, "max_new_tokens")
         self.max_turns = _positive(max_turns, "max_turns")
         self.groups = _positive(groups, "groups")
+        if journal is not None and not isinstance(journal, EpisodeJournal):
+            raise TypeError(f"journal: expected None or an EpisodeJournal, got {type(journal)}")
         self.sampling = sampling
+        self.journal = journal
         self.estimator = estimator
         self.record = record
         self.progress = progress
@@ -180,12 +191,48 @@ class EpisodeRollout:
             for sample in range(self.groups):
                 index = row * self.groups + sample
                 episode_id = EpisodeId(task, step, sample, int(seeds[index]))
-                slots.append(Slot(episode_id, rank * len(tasks) + row, origin))
+                slots.append(Slot(episode_id, rank * len(tasks) + row, origin, index, self.journal))
         return slots
+
+    def _recover(
+        self,
+        slots: list[Slot],
+        tasks: Sequence[int],
+        clocks: tuple[int, int],
+        key: jax.Array,
+        variables: Any,
+    ) -> None:
+        """Open this rank's journal, check it against this attempt and restore its slots."""
+        assert self.journal is not None
+        self.journal.open(jax.process_index())
+        header = {
+            "tasks": [int(t) for t in tasks],
+            "sampling": json.loads(json.dumps(dataclasses.asdict(self.sampling))),
+            "budgets": [self.max_prompt_tokens, self.max_new_tokens, self.max_turns, self.groups],
+            "topology": {
+                "process_index": jax.process_index(),
+                "process_count": jax.process_count(),
+                "local_devices": jax.local_device_count(),
+                "devices": jax.device_count(),
+            },
+        }
+        key_hex = np.asarray(jax.device_get(jax.random.key_data(key))).tobytes().hex()
+        records = self.journal.begin(
+            clocks[0], clocks[1], header, key_hex, policy_digest(variables)
+        )
+        for slot in slots:
+            if slot.index in records:
+                slot.restore(records[slot.index])
 
     def _finish(self, slot: Slot, status: EpisodeStatus | None = None, detail: str = "") -> None:
         if status is not None:
             slot.end(status, detail)
+        if slot.ending is not None:  # finished and scored before a crash: keep its record
+            slot.status, slot.detail, slot.reward = slot.ending
+            slot.release()
+            if self.record is not None:
+                self.record(slot.episode())
+            return
         if slot.status is EpisodeStatus.CANCELLED:
             raise EpisodeCancelled(
                 f"episode {slot.id}: the environment answered CANCELLED ({slot.detail!r})",
@@ -193,6 +240,7 @@ class EpisodeRollout:
             )
         slot.verify(self.verifier)
         slot.release()
+        slot.commit_ending()
         if self.record is not None:
             self.record(slot.episode())
 
@@ -223,6 +271,27 @@ class EpisodeRollout:
             if not on:
                 continue
             self._current = slot
+            turn = slot.turns
+            replayed = slot.replayed()
+            if replayed is not None:  # completed before a crash: not sent again
+                checked = check_action(
+                    dataclasses.replace(replayed.action, origin=slot.origin),
+                    eos,
+                    episode=slot.id,
+                    turn=turn,
+                )
+                slot.transitions[-1] = Transition(checked, replayed.observation)
+                if not slot.running:
+                    self._finish(slot)
+                continue
+            if slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
+                action = dataclasses.replace(slot.pending_action, origin=slot.origin)
+                slot.pending_action = None
+                action = check_action(action, eos, episode=slot.id, turn=turn)
+                slot.send(action)
+                if not slot.running:
+                    self._finish(slot)
+                continue
             action = Action(
                 context=context,
                 tokens=np.asarray(generation.ids),
@@ -252,6 +321,8 @@ class EpisodeRollout:
         self.policy.bind(variables)
         origin = object()
         slots = self._slots(tasks, step, key, origin)
+        if self.journal is not None:
+            self._recover(slots, tasks, (step, policy_step), key, variables)
         bar = EpisodeProgress(len(slots), enabled=self.progress)
         timings = {"generation": 0.0}
         start = time.perf_counter()

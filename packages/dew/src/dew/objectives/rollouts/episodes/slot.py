@@ -35,10 +35,18 @@ class VerifierError(ValueError):
 class Slot:
     """The state of one episode while it is collected (host side)."""
 
-    def __init__(self, episode_id: EpisodeId, group: int, origin: Any) -> None:
+    def __init__(
+        self, episode_id: EpisodeId, group: int, origin: Any, index: int = 0, journal: Any = None
+    ) -> None:
         self.id = episode_id
         self.group = group
         self.origin = origin
+        self.index = index
+        self.journal = journal
+        # what a journal recovered: completed turns to replay, a pending draw, the ending
+        self.replay: list[tuple[Action, Observation, bytes | None]] = []
+        self.pending_action: Action | None = None
+        self.ending: tuple[EpisodeStatus, str, float | None] | None = None
         self.first: Observation | None = None
         self.transitions: list[Transition] = []
         self.status = EpisodeStatus.RUNNING
@@ -79,7 +87,17 @@ class Slot:
         )
 
     # ------------------------------------------------------------------ lifecycle
+    def restore(self, record: Any) -> None:
+        """Take over a journal's record of this slot (see ``EpisodeJournal``)."""
+        self.replay = list(record.completed)
+        self.pending_action = record.pending
+        self.ending = record.ending
+        if record.ending is not None and record.first is not None:
+            self.first = record.first  # finished and verified: no environment needed
+
     def open(self, factory: EnvironmentFactory) -> None:
+        if self.ending is not None and self.first is not None:
+            return
         start = time.perf_counter()
         try:
             manager = factory(self.id)
@@ -87,15 +105,32 @@ class Slot:
             self._manager = manager
             self.environment = manager if entered is None else entered
             self.first = as_observation(self.environment.reset(), "Environment.reset()")
+            if self.journal is not None:
+                for name in ("get_state", "set_state"):
+                    if not callable(getattr(self.environment, name, None)):
+                        raise TypeError(
+                            f"environment: a journal needs get_state() and set_state(), "
+                            f"{type(self.environment).__name__} has no {name}()"
+                        )
+                self.journal.opened(self.index, self.first)
+                snapshots = [snap for _, _, snap in self.replay if snap is not None]
+                if snapshots:
+                    self.environment.set_state(snapshots[-1])
         finally:
             self.tool_seconds += time.perf_counter() - start
         if self.first.status.terminal:
             self.status, self.detail = self.first.status, self.first.detail
 
     def send(self, action: Action) -> Observation:
+        turn = len(self.transitions)
+        if self.journal is not None:
+            self.journal.pending(self.index, turn, action)
         start = time.perf_counter()
         try:
             reply = as_observation(self.environment.step(action), "Environment.step()")
+            if self.journal is not None:
+                snapshot = bytes(self.environment.get_state())
+                self.journal.completed(self.index, turn, action, reply, snapshot)
         finally:
             self.tool_seconds += time.perf_counter() - start
         self.transitions.append(Transition(action, reply))
@@ -106,11 +141,29 @@ class Slot:
     def record_truncated(self, action: Action, detail: str) -> None:
         """A turn that hit its budget: kept in the record, never sent to the environment."""
         reply = Observation(None, EpisodeStatus.TRUNCATED, detail)
+        if self.journal is not None:
+            self.journal.completed(self.index, len(self.transitions), action, reply, None)
         self.transitions.append(Transition(action, reply))
         self.status, self.detail = EpisodeStatus.TRUNCATED, detail
 
     def end(self, status: EpisodeStatus, detail: str) -> None:
         self.status, self.detail = status, detail
+
+    def replayed(self) -> Transition | None:
+        """The recorded transition of the next turn, appended, or None when there is none."""
+        turn = len(self.transitions)
+        if turn >= len(self.replay):
+            return None
+        action, reply, _ = self.replay[turn]
+        transition = Transition(action, reply)
+        self.transitions.append(transition)
+        if reply.status.terminal:
+            self.status, self.detail = reply.status, reply.detail
+        return transition
+
+    def commit_ending(self) -> None:
+        if self.journal is not None:
+            self.journal.ended(self.index, self.status, self.detail, self.reward)
 
     def verify(self, verifier: Verifier) -> None:
         """Score the ended episode while its environment is open (raises on a bad score)."""
