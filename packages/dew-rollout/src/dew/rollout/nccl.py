@@ -107,21 +107,11 @@ class NCCLPush:
             if not self._groups:
                 self._open()
             stage = "start"
-            self._each(
-                lambda root: (
-                    post_json(self.client, f"{root}/pause", params={"mode": "wait"}),
-                    post_json(self.client, f"{root}/start_weight_update"),
-                )
-            )
+            self._each(self._start)
             stage = "broadcast"
             self._broadcast(self.pretrained.replace(variables=variables).export(self.dtype))
             stage = "finish"
-            self._each(
-                lambda root: (
-                    post_json(self.client, f"{root}/finish_weight_update", {}),
-                    vllm_finish(self.client, root, version),
-                )
-            )
+            self._each(lambda root: self._finish(root, version))
         except Exception as error:
             self._abort()
             failures = error.failures if isinstance(error, PushFailed) else {f"({stage})": error}
@@ -134,6 +124,14 @@ class NCCLPush:
         self.client.close()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _start(self, root: str) -> None:
+        post_json(self.client, f"{root}/pause", params={"mode": "wait"})
+        post_json(self.client, f"{root}/start_weight_update")
+
+    def _finish(self, root: str, version: int) -> None:
+        post_json(self.client, f"{root}/finish_weight_update", {})
+        vllm_finish(self.client, root, version)
 
     def _each(self, step: Any) -> None:
         futures = {root: self._pool.submit(step, root) for root in self.engines}
