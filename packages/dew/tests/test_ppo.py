@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import _square_episodes as square
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -24,10 +25,11 @@ import pytest
 
 from dew import Trainer
 from dew.data import Dataset
-from dew.objectives.rl import GRPOObjective, PPOObjective, ValueHead
+from dew.objectives.rl import EpisodeRollout, GRPOObjective, PPOObjective, PPORollout, ValueHead
 from dew.objectives.rl.sessions import Call, Session, Status, pack
 from dew.objectives.rollouts.ppo import SingleActionError, action_order, episode_targets
 from dew.rl import clipped_surrogate_terms, clipped_value_loss_terms, gae, token_log_ratio
+from dew.sampling import Sampling
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "ppo"
 SIDECAR = json.loads((FIXTURES / "ppo.json").read_text())
@@ -418,7 +420,9 @@ def _dropped_critic(batch: dict[str, Any]) -> tuple:
 
     class NoCritic:
         def loss(self, variables: Any, batch: Any, key: Any, reference: Any) -> Any:
-            return policy_only.loss(full.policy(variables), batch, key, full.policy(reference))
+            return policy_only.loss(
+                full.policy_variables(variables), batch, key, full.policy_variables(reference)
+            )
 
     return normalised_loss(NoCritic(), variables(), batch, variables("reference_table"))
 
@@ -475,7 +479,11 @@ def test_init_keeps_policy_and_critic_apart() -> None:
     obj = objective("ppo")
     v = jax.jit(obj.init)(jax.random.key(3))
     assert set(v["params"]) == {"policy", "critic"}
-    assert set(obj.policy(v)) == {"params"} and set(obj.policy(v)["params"]) == {"table"}
+    policy = obj.policy_variables(v)
+    assert set(policy) == {"params"} and set(policy["params"]) == {"table"}
+    sampler = obj.policy(v)
+    assert set(sampler.variables["params"]) == {"table"}
+    assert sampler.bind(policy).variables["params"].keys() == {"table"}
     assert set(obj.critic_variables(v)["params"]) == {"backbone", "value"}
     # the critic's initialisation does not depend on the policy's pretrained weights
     given = PPOObjective(
@@ -561,7 +569,7 @@ def test_two_updates_train_policy_and_critic_and_keep_the_reference() -> None:
     assert error(after) < error(before)
     reference = jax.device_get(state.ema)
     np.testing.assert_array_equal(
-        obj.policy(reference)["params"]["table"], EPISODES["policy_table"]
+        obj.policy_variables(reference)["params"]["table"], EPISODES["policy_table"]
     )
 
 
@@ -576,3 +584,130 @@ def test_a_cohort_without_actions_makes_no_update() -> None:
     state = trainer.fit(data, steps=1, log_every=None)
     assert int(state.updates) == 0
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), start)
+
+
+# ---------------------------------------------------------------- PPORollout
+
+
+P, R, K, G = 8, 4, 3, 2
+
+
+def square_objective(seq_len: int = P + R - 1, **kw: Any) -> PPOObjective:
+    return PPOObjective(
+        Bigram(vocab=square.VOCAB),
+        seq_len,
+        critic=ValueHead(TokenFeatures(vocab=square.VOCAB)),
+        **kw,
+    )
+
+
+def square_tasks(*tasks: int) -> dict[str, np.ndarray]:
+    return {"task_id": np.asarray(tasks, np.int32)}
+
+
+def test_ppo_rollout_adds_critic_values_and_episode_returns() -> None:
+    obj = square_objective(beta=0.03)
+    v = jax.jit(obj.init)(jax.random.key(1))
+    policy = square.ScriptedPolicy(answer_offset=0)
+    episodes = EpisodeRollout(
+        policy, lambda i: square.SquareEnvironment(i, square.Log()), square.square_verifier,
+        P, R, K, G, Sampling(eos_id=square.EOS),
+    )  # fmt: skip
+    rollout = PPORollout(obj, episodes, gamma=1.0, lam=1.0)
+    out = rollout(v, square_tasks(3, 4), jax.random.key(2))
+    shape = out["input_ids"].shape
+    for name in ("old_values", "advantages", "returns", "old_log_probs", "behavior_log_probs"):
+        assert out[name].shape == shape, name
+    # the collector was bound to the policy subtree only
+    assert set(policy.bound[-1]["params"]) == {"table"}
+    keep = (out["response_mask"] > 0) & (out["session_index"] >= 0)
+    values = np.asarray(obj.packed_values(v, out))
+    np.testing.assert_array_equal(out["old_values"][keep], values[keep])
+    # gamma = lam = 1 and no bootstrap: every action's return is its episode's reward
+    rewards = out["rewards"][out["session_index"][keep]]
+    np.testing.assert_allclose(out["returns"][keep], rewards, atol=1e-6)
+    assert set(rewards.tolist()) == {1.0}
+    advantages = out["advantages"][keep]
+    assert abs(advantages.mean()) < 1e-4 and abs(advantages.std(ddof=1) - 1) < 1e-3
+    assert not out["advantages"][~keep].any() and not out["old_values"][~keep].any()
+
+
+class OneToken:
+    """Row 0 answers with a lone EOS (one trainable action); the others run out of budget."""
+
+    def bind(self, snapshot: Any) -> OneToken:
+        return self
+
+    def __call__(self, contexts: Any, budgets: Any, key: Any, sampling: Any) -> list[Any]:
+        out = []
+        for i, _ in enumerate(contexts):
+            ids = [square.EOS] if i == 0 else [square.CALL]
+            out.append(
+                square.ScriptedGeneration(
+                    np.asarray(ids, np.int32), np.full(1, -0.5, np.float32),
+                    np.full(1, -0.5, np.float32), ids[-1] == square.EOS,
+                )
+            )  # fmt: skip
+        return out
+
+
+def test_ppo_rollout_edge_cohorts() -> None:
+    obj = square_objective()
+    v = jax.jit(obj.init)(jax.random.key(1))
+    env = lambda i: square.SquareEnvironment(i, square.Log())  # noqa: E731
+    sampling = Sampling(eos_id=square.EOS)
+    single = PPORollout(
+        obj, EpisodeRollout(OneToken(), env, square.square_verifier, P, R, K, 1, sampling)
+    )
+    with pytest.raises(SingleActionError, match="exactly one trainable action"):
+        single(v, square_tasks(3, 4), jax.random.key(0))
+    # every episode truncated (budget 1, no EOS): zero targets and no update
+    truncated = EpisodeRollout(
+        square.ScriptedPolicy(), env, square.square_verifier, P, 1, K, G, sampling
+    )
+    short = square_objective(seq_len=P)  # rows are P + 1 wide here
+    rollout = PPORollout(short, truncated)
+    out = rollout(v, square_tasks(3, 4), jax.random.key(0))
+    assert not out["response_mask"].any()
+    assert not out["advantages"].any() and not out["returns"].any()
+    data = Dataset(train=lambda partition: itertools.repeat(square_tasks(3, 4, 5, 6)), batch=4)
+    state = Trainer(short, optax.sgd(0.1), key=jax.random.key(0), rollout=rollout).fit(
+        data, steps=1, log_every=None
+    )
+    assert int(state.updates) == 0
+    with pytest.raises(ValueError, match="objective.seq_len: the episodes pack rows"):
+        PPORollout(obj, truncated)
+    with pytest.raises(ValueError, match="lam: expected a float in"):
+        PPORollout(obj, truncated, lam=2.0)
+    with pytest.raises(TypeError, match="objective: expected a PPOObjective"):
+        PPORollout(GRPOObjective(Bigram(), 4), truncated)
+
+
+def test_ppo_trains_on_sampled_episodes_through_the_trainer() -> None:
+    obj = square_objective(beta=0.03)
+    key = jax.random.key(4)
+    sampling = Sampling(eos_id=(square.EOS, square.CALL, square.SAY), temperature=1.0)
+    episodes = EpisodeRollout(
+        obj.policy(obj.init(key)), lambda i: square.SquareEnvironment(i, square.Log()),
+        square.square_verifier, P, R, K, G, sampling,
+    )  # fmt: skip
+    rollout = PPORollout(obj, episodes, gamma=0.97, lam=0.9)
+    seen: dict[str, Any] = {}
+
+    def recording(variables: Any, batch: Any, key: Any) -> Any:
+        seen["variables"] = jax.device_get(variables)
+        seen["batch"] = out = rollout(variables, batch, key)
+        return out
+
+    recording.at_step = rollout.at_step  # type: ignore[attr-defined]
+    data = Dataset(train=lambda partition: itertools.repeat(square_tasks(3, 4, 5, 6)), batch=4)
+    state = Trainer(obj, optax.sgd(0.05), key=key, rollout=recording).fit(
+        data, steps=2, log_every=None
+    )
+    assert int(state.updates) == 2
+    batch = seen["batch"]
+    keep = batch["response_mask"] > 0
+    assert keep.sum() > 1
+    # the sampler's raw likelihoods are the policy's own log-probs of the packed ids
+    rescored = np.asarray(obj.packed_log_probs(seen["variables"], batch))
+    np.testing.assert_allclose(batch["old_log_probs"][keep], rescored[keep], atol=1e-5)

@@ -16,6 +16,7 @@ _NAMES: dict[str, str] = {
     "EpisodeRollout": "dew.objectives.rollouts.episodes",
     "GRPOObjective": "dew.objectives.rl.grpo",
     "PPOObjective": "dew.objectives.rl.ppo",
+    "PPORollout": "dew.objectives.rollouts.ppo",
     "packed_log_probs": "dew.objectives.rl.grpo",
     "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
     "RewardError": "dew.objectives.rl.rollout",

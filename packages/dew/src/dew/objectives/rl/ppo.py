@@ -1,9 +1,11 @@
 """PPO with a learned critic over packed rows: one loss for the policy and the critic.
 
 The variables tree holds two subtrees, ``{"params": {"policy": ..., "critic": ...}}``, trained
-by the one optimizer the Trainer owns. ``PPOObjective.policy(variables)`` picks the policy's
-own variables (``{"params": policy}``), which is what the policy model, the sampler and the
-reference read; ``critic_variables`` picks the critic's.
+by the one optimizer the Trainer owns. ``PPOObjective.policy_variables(variables)`` picks the
+policy's own variables (``{"params": policy}``), which is what the policy model and the
+reference read, ``critic_variables`` the critic's, and ``policy(variables)`` gives a sampling
+policy for ``EpisodeRollout`` whose ``bind`` picks the policy subtree of the Trainer's
+snapshot.
 
 The batch is a packed batch (``[B, W]``, ``W = seq_len + 1``, every column aligned with
 ``input_ids``) as the rollout machinery writes it, with ``old_log_probs`` (the policy's raw
@@ -272,9 +274,25 @@ class PPOObjective:
             )
         return _join(policy, critic)
 
-    def policy(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+    def policy_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """The policy's own variables (``{"params": policy}``) out of a PPO variables tree."""
         return _split(variables, POLICY)
+
+    def policy(self, variables: Mapping[str, Any]) -> Any:
+        """A sampling policy over the policy subtree of ``variables``, for ``EpisodeRollout``.
+
+        It has ``bind(snapshot)``, which picks the policy subtree out of the Trainer's
+        snapshot (a policy-only tree is taken as it is), and ``__call__(contexts, budgets,
+        key, sampling)``; its ``variables`` attribute holds the bound policy variables.
+        """
+        from dew.objectives.rollouts.policy import SubtreePolicy
+
+        return SubtreePolicy(
+            self.model,
+            self.policy_variables(variables),
+            self.policy_variables,
+            lambda tree: hasattr(tree["params"], "keys") and POLICY in tree["params"],
+        )
 
     def critic_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """The critic's own variables (``{"params": critic}``) out of a PPO variables tree."""
@@ -288,7 +306,7 @@ class PPOObjective:
         """``[B, W]`` policy log-probs of every id given its own chain (PPO variables tree)."""
         self._policy._check_width(batch)
         return packed_log_probs(
-            self.model, self.policy(variables), batch, self.sampling_temperature
+            self.model, self.policy_variables(variables), batch, self.sampling_temperature
         )
 
     def packed_values(
@@ -363,7 +381,7 @@ class PPOObjective:
         self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.Array
     ) -> dict[str, jax.Array]:
         """The policy's prompt perplexity sums (as ``GRPOObjective.evaluate``)."""
-        return self._policy.evaluate(self.policy(variables), batch, key)
+        return self._policy.evaluate(self.policy_variables(variables), batch, key)
 
     @staticmethod
     def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""PPO targets for packed episodes: GAE over each episode's actions, in draw order.
+"""PPO targets for packed episodes (GAE over each episode's actions) and ``PPORollout``.
 
 A tool episode is several calls (turns); the packer may split them over several chains and
 rows. ``episode_targets`` gathers every sampled id (an *action*) of each episode from the
@@ -20,6 +20,16 @@ values through observation tokens.
 Edge cases: a cohort with no action at all gets zero advantages and returns (the objective's
 weight is then 0 and the Trainer makes no update); a cohort with exactly one action is
 refused, because the unbiased deviation of one value is undefined (verl raises there too).
+
+``PPORollout(objective, episodes, gamma, lam)`` is the Trainer's ``rollout=`` hook for
+``PPOObjective``: it lets an ``EpisodeRollout`` collect and pack one cohort with the policy
+part of the Trainer's snapshot, scores the packed rows with the critic (``old_values``, the
+value of the state before each id) and adds ``episode_targets``. The batch keeps every packed
+column (``old_log_probs``, ``behavior_log_probs``, ``response_mask``, ``rewards`` ...); the
+GRPO group advantages are replaced by the GAE ones, and ``old_values``, ``advantages`` and
+``returns`` are ``[rows, width]`` like ``input_ids``. Such a batch can be kept and trained on
+for several updates without sampling again (the old values and likelihoods stay the ones
+recorded at collection). ``last_targets`` keeps the host copy of the latest batch's targets.
 """
 
 from __future__ import annotations
@@ -161,4 +171,76 @@ def episode_targets(
     return {"advantages": advantages, "returns": returns}
 
 
-__all__ = ["SingleActionError", "action_order", "episode_targets"]
+class PPORollout:
+    """Collect episodes, evaluate the critic and add GAE targets (see the module docstring).
+
+    Args:
+      objective: the ``PPOObjective`` being trained.
+      episodes: an ``EpisodeRollout`` (any ``(variables, batch, key) -> packed batch`` whose
+        batch carries ``session_index``, ``call_index`` and per-episode ``rewards``). Build
+        it with ``objective.policy(variables)`` (or any sampler of the policy alone): it
+        receives the policy subtree of the Trainer's snapshot.
+      gamma: discount per action, in [0, 1].
+      lam: GAE lambda, in [0, 1].
+    """
+
+    def __init__(self, objective: Any, episodes: Any, gamma: float = 1.0, lam: float = 0.95):
+        for name in ("packed_values", "policy_variables"):
+            if not callable(getattr(objective, name, None)):
+                raise TypeError(f"objective: expected a PPOObjective, it has no {name!r}")
+        if not callable(episodes):
+            raise TypeError(
+                f"episodes: expected an EpisodeRollout (a callable (variables, batch, key) -> "
+                f"packed batch), got {type(episodes).__name__}"
+            )
+        for name, value in (("gamma", gamma), ("lam", lam)):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name}: expected a float in [0, 1], got {value!r}")
+            if not 0.0 <= float(value) <= 1.0:
+                raise ValueError(f"{name}: expected a float in [0, 1], got {value!r}")
+        width = getattr(episodes, "width", None)
+        if width is not None and width != objective.width:
+            raise ValueError(
+                f"objective.seq_len: the episodes pack rows {width} wide, so expected "
+                f"PPOObjective(seq_len={width - 1}), got seq_len={objective.width - 1}"
+            )
+        self.objective = objective
+        self.episodes = episodes
+        self.gamma = float(gamma)
+        self.lam = float(lam)
+        self._values = jax.jit(objective.packed_values)
+        self.last_targets: dict[str, np.ndarray] = {}
+
+    def at_step(self, step: int, updates: int) -> None:
+        """Pass the Trainer's clocks on to the episode collector."""
+        at_step = getattr(self.episodes, "at_step", None)
+        if at_step is not None:
+            at_step(step, updates)
+
+    def __call__(
+        self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
+    ) -> dict[str, Any]:
+        """One cohort: collect, pack, evaluate the critic, add ``old_values`` and GAE targets."""
+        if jax.process_count() > 1:
+            raise NotImplementedError(
+                "PPORollout: advantages are whitened over the cohort's actions on this process; "
+                f"with {jax.process_count()} processes the global whitening is not implemented"
+            )
+        out = dict(self.episodes(self.objective.policy_variables(variables), batch, key))
+        if "rewards" not in out:
+            raise KeyError("episodes: the packed batch has no 'rewards' (one per episode)")
+        rows = {k: out[k] for k in ("input_ids", "text_segment_ids", "text_positions")}
+        values = np.asarray(jax.device_get(self._values(variables, rows)), np.float32)
+        trained = (np.asarray(out["response_mask"]) > 0) & (np.asarray(out["session_index"]) >= 0)
+        if "old_log_probs" not in out and not trained.any():
+            # nothing was packed (every episode truncated): keep the batch's shape for a
+            # step that makes no update
+            out["old_log_probs"] = np.zeros(trained.shape, np.float32)
+        out["old_values"] = np.where(trained, values, 0.0).astype(np.float32)
+        targets = episode_targets(out, out["old_values"], out["rewards"], self.gamma, self.lam)
+        out.update(targets)
+        self.last_targets = {k: out[k] for k in ("old_values", "advantages", "returns")}
+        return out
+
+
+__all__ = ["PPORollout", "SingleActionError", "action_order", "episode_targets"]
