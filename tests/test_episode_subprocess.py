@@ -96,9 +96,9 @@ def test_a_subprocess_cohort_trains_one_grpo_step(model, tmp_path):
     assert int(batch["response_mask"].sum()) == sum(
         a.tokens.size for e in trained for a in e.actions
     )
-    calls = [e for e in episodes for a in e.actions if a.tokens.tolist() == [CALL]]
+    sent = [a for e in episodes for a in e.actions if a.terminated]
     audited = audit.read_text().splitlines() if audit.exists() else []
-    assert len(audited) == len(calls)  # every tool call ran once
+    assert sent and len(audited) == len(sent)  # every turn that reached the tool ran once
     assert int(state.step) == 1
 
 

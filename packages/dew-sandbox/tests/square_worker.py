@@ -8,8 +8,11 @@ answer as its detail; anything else completes it with ``invalid``.
 ``WORKER_MODE`` picks a misbehaviour on the first step: ``hang``, ``memory`` (allocates
 1 GiB), ``crash`` (exit code 3), ``malformed`` (a line that is not JSON), ``badstatus``,
 ``oversized`` (a 64 KiB reply), ``refuse`` (an ``{"error"}`` reply). ``WORKER_SLEEP`` adds
-that many seconds to every tool call. ``WORKER_AUDIT`` names a file that gets one line per
-completed tool call (fsynced before the reply), so tests can count how often each ran.
+that many seconds to every step. ``WORKER_AUDIT`` names a file that gets one line per
+completed step (fsynced before the reply), so tests can count how often each ran.
+``WORKER_PAUSE_FILE`` with ``WORKER_PAUSE_STEP``: the first step of an episode of that
+training step, while the file does not exist yet, writes its pid there and hangs (a tool
+call left pending, for crash tests).
 """
 
 import base64
@@ -49,13 +52,28 @@ def misbehave():
     return None
 
 
+def pause():
+    path = os.environ.get("WORKER_PAUSE_FILE")
+    step = os.environ.get("WORKER_PAUSE_STEP")
+    if not path or os.path.exists(path) or STATE["episode"]["step"] != int(step):
+        return
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+    time.sleep(3600)
+
+
+STATE = {}
+
+
 def main():
     state = {"episode": None, "x": 0, "calls": 0}
     for line in sys.stdin:
+        STATE["episode"] = state["episode"]
         request = json.loads(line)
         op = request["op"]
         if op == "reset":
-            state["episode"] = request["episode"]
+            state["episode"] = STATE["episode"] = request["episode"]
             state["x"] = request["episode"]["task"] % 10
             reply = {"context": [QUESTION, *digits(state["x"])], "status": "running"}
         elif op == "step":
@@ -63,17 +81,18 @@ def main():
             if odd is not None:
                 print(odd, flush=True)
                 continue
+            pause()
+            if SLEEP:
+                time.sleep(SLEEP)
+            state["calls"] += 1
+            if AUDIT:
+                with open(AUDIT, "a") as audit:
+                    record = {**state["episode"], "call": state["calls"]}
+                    audit.write(json.dumps(record, sort_keys=True) + "\n")
+                    audit.flush()
+                    os.fsync(audit.fileno())
             body = [t for t in request["tokens"] if t != EOS]
             if body == [CALL]:
-                if SLEEP:
-                    time.sleep(SLEEP)
-                state["calls"] += 1
-                if AUDIT:
-                    with open(AUDIT, "a") as audit:
-                        record = {**state["episode"], "call": state["calls"]}
-                        audit.write(json.dumps(record, sort_keys=True) + "\n")
-                        audit.flush()
-                        os.fsync(audit.fileno())
                 context = request["context"] + request["tokens"] + digits(state["x"] ** 2)
                 reply = {"context": context, "status": "running", "detail": ""}
             elif body[:1] == [SAY]:

@@ -61,7 +61,7 @@ def test_round_trip_snapshot_and_cleanup(tmp_path):
         assert (done.status, done.detail, done.context) == ("completed", "49", None)
     assert not alive(pid) and not os.path.exists(directory)
     lines = audit.read_text().splitlines()
-    assert len(lines) == 1 and '"seed": 99' in lines[0] and '"task": 7' in lines[0]
+    assert len(lines) == 2 and all('"seed": 99' in line and '"task": 7' in line for line in lines)
     # a fresh worker restored from the snapshot continues where the first one was
     with factory()(EPISODE) as restored:
         restored.set_state(state)

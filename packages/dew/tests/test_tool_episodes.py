@@ -506,3 +506,27 @@ def test_context_tokens_are_checked_by_the_policy(model):
         )
     assert "ids must lie in [0, 16)" in str(caught.value.__cause__)
     assert log.open == set()
+
+
+def test_a_failed_collection_leaves_the_previous_checkpoint_intact(model, tmp_path):
+    from dew.trainer import checkpoint
+
+    log = Log()
+    failure = {}
+
+    def factory(episode_id):
+        return SquareEnvironment(episode_id, log, failure["kind"] if episode_id.step == 2 else None)
+
+    rollout = EpisodeRollout(ScriptedPolicy(), factory, square_verifier, P, R, K, G, SAMPLING)
+    objective = GRPOObjective(model, seq_len=P + R - 1)
+    trainer = Trainer(
+        objective, optax.sgd(0.1), key=jax.random.key(1), rollout=rollout, checkpoint_every=1
+    )
+    data = Dataset(train=lambda part, start=0: iter([tasks(3, 7)] * 4), batch=2)
+    for kind, error in (("error", EpisodeFailure), ("asyncio", EpisodeCancelled)):
+        failure["kind"] = kind
+        with pytest.raises(error):
+            trainer.fit(data, steps=2, run_dir=tmp_path / kind)
+        restored = checkpoint.latest(tmp_path / kind)
+        assert restored is not None and restored.step == 1
+        assert log.open == set()
