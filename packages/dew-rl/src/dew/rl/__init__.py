@@ -7,7 +7,7 @@ gradient, and names the reference it ports (verl 0.9.1, TRL 1.16.0, Tunix) in it
 docstring. Shapes: ``B`` rows, ``T`` tokens; a mask is boolean or numeric, non-zero
 keeps a position; ``segments`` are integer chain ids of packed rows, 0 = padding.
 
-Signatures beyond the spec's table::
+Signatures of the functions beyond the core GRPO/PPO/DPO set::
 
     segment_mean(x, mask, segments) -> [B, T]
     sequence_mean(x, mask, segments=None) -> scalar              # seq-mean-token-mean
@@ -29,33 +29,54 @@ GSPO is a composition, not a function::
 
     log_ratio = sequence_log_ratio(log_probs, old_log_probs, mask, segments)
     loss, metrics = clipped_surrogate(log_ratio, advantages, mask, 3e-4, 4e-4, dual_clip=None)
+
+Layout, as in optax: the functions live in private modules by theme and are re-exported
+here; import them from ``dew.rl``, never from the modules::
+
+    _advantages   gae, masked_whiten, group_advantage, rloo_advantage
+    _ratios       token_log_ratio, sequence_log_ratio
+    _surrogates   clipped_surrogate, clipped_surrogate_terms, cispo_terms,
+                  clipped_value_loss_terms
+    _kl           k1_kl, k2_kl, k3_kl
+    _entropy      token_entropy
+    _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
+                  sequence_sum_norm, segment_mean
+    _corrections  behavior_importance_weights, icepop_weights, token_rejection_mask,
+                  sequence_rejection_mask
+    _preference   preference_logsigmoid
+
+A themed module imports only the two foundations, ``_checks`` (argument checks) and
+``_masking`` (mask, dtype, count and chain arithmetic, and the few reductions two themes
+share), never another theme. Every public function's docstring ends with a runnable
+``Examples:`` block and a ``References:`` block naming the paper and the reference code
+(file and function) it follows.
 """
 
-from dew.rl._behavior_importance_weights import behavior_importance_weights
-from dew.rl._cispo_terms import cispo_terms
-from dew.rl._clipped_surrogate import clipped_surrogate
-from dew.rl._clipped_surrogate_terms import clipped_surrogate_terms
-from dew.rl._clipped_value_loss_terms import clipped_value_loss_terms
-from dew.rl._gae import gae
-from dew.rl._group_advantage import GROUP_EPS, group_advantage
-from dew.rl._icepop_weights import icepop_weights
-from dew.rl._k1_kl import k1_kl
-from dew.rl._k2_kl import k2_kl
-from dew.rl._k3_kl import k3_kl
-from dew.rl._masked_mean import masked_mean
-from dew.rl._masked_whiten import masked_whiten
-from dew.rl._preference_logsigmoid import preference_logsigmoid
-from dew.rl._rloo_advantage import rloo_advantage
-from dew.rl._segment_mean import segment_mean
-from dew.rl._sequence_log_ratio import sequence_log_ratio
-from dew.rl._sequence_mean import sequence_mean
-from dew.rl._sequence_rejection_mask import sequence_rejection_mask
-from dew.rl._sequence_sum_mean import sequence_sum_mean
-from dew.rl._sequence_sum_norm import sequence_sum_norm
-from dew.rl._token_entropy import token_entropy
-from dew.rl._token_log_ratio import token_log_ratio
-from dew.rl._token_mean import token_mean
-from dew.rl._token_rejection_mask import token_rejection_mask
+from dew.rl._advantages import GROUP_EPS, gae, group_advantage, masked_whiten, rloo_advantage
+from dew.rl._corrections import (
+    behavior_importance_weights,
+    icepop_weights,
+    sequence_rejection_mask,
+    token_rejection_mask,
+)
+from dew.rl._entropy import token_entropy
+from dew.rl._kl import k1_kl, k2_kl, k3_kl
+from dew.rl._preference import preference_logsigmoid
+from dew.rl._ratios import sequence_log_ratio, token_log_ratio
+from dew.rl._reductions import (
+    masked_mean,
+    segment_mean,
+    sequence_mean,
+    sequence_sum_mean,
+    sequence_sum_norm,
+    token_mean,
+)
+from dew.rl._surrogates import (
+    cispo_terms,
+    clipped_surrogate,
+    clipped_surrogate_terms,
+    clipped_value_loss_terms,
+)
 
 __all__ = [
     "GROUP_EPS",

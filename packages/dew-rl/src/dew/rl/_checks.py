@@ -1,4 +1,7 @@
-"""Input checks shared by the dew.rl functions.
+"""Input checks shared by the dew.rl functions (private).
+
+One of the two foundations of ``dew.rl`` (with :mod:`dew.rl._masking`): every themed
+module may import it, and it imports no other part of ``dew.rl``.
 
 They run on static facts only (shapes, dtypes, Python numbers), so they work under
 ``jax.jit``. Each error names the argument, what was expected and what came.

@@ -1,4 +1,9 @@
-"""Mask helpers shared by the dew.rl functions (private).
+"""Mask, dtype, count and chain arithmetic shared by every dew.rl theme (private).
+
+This module and :mod:`dew.rl._checks` are the two foundations of ``dew.rl``: the themed
+modules (``_advantages``, ``_reductions``, ``_ratios``, ``_surrogates``, ``_kl``,
+``_entropy``, ``_corrections``, ``_preference``) import from these two only, never from
+each other. What two themes both need lives here.
 
 A mask is a boolean or numeric array; a non-zero entry keeps its position. Values at
 positions a mask drops are replaced through ``jnp.where`` before any arithmetic touches
@@ -8,6 +13,12 @@ The denominators reproduce how torch types verl's ``mask.sum() + 1e-8`` (verl 0.
 ``verl.utils.torch_functional.masked_mean``): an integer or boolean mask sums to int64 and
 adding the Python float gives torch's default float32, so the 1e-8 is added in float32
 whatever the dtype of the values; a floating mask keeps its own dtype.
+
+Chains: a sequence is a row of a ``[B, T]`` array, or, when ``segments`` is given, a chain
+of a packed row. ``segments`` holds integer ids; 0 marks padding that belongs to no chain.
+A chain is a maximal run of one non-zero id along a row: ids only mark where a chain
+starts and ends, so row-local ids (1, 2, 3, ...) and batch-global ids both work. Two
+chains that touch must carry different ids.
 """
 
 from __future__ import annotations
@@ -17,6 +28,8 @@ import jax.numpy as jnp
 
 #: The constant verl adds to mask counts in ``masked_mean``.
 COUNT_EPS = 1e-8
+#: verl clamps token log ratios to this magnitude before exponentiating them.
+LOG_RATIO_BOUND = 20.0
 
 
 def keep_of(mask: jax.Array) -> jax.Array:
@@ -118,3 +131,71 @@ def count_kept(keep: jax.Array, axis: int | tuple[int, ...] | None = None) -> ja
                 partial = jnp.sum(slices, axis=0, dtype=jnp.uint8)
                 return jnp.sum(partial, dtype=dtype)
     return jnp.sum(keep, axis=axis, dtype=dtype)
+
+
+def chain_index(segments: jax.Array) -> jax.Array:
+    """``[B, T]`` int32 index of each token's chain among ``B * T`` slots."""
+    batch, width = segments.shape
+    starts = jnp.concatenate(
+        [jnp.ones((batch, 1), jnp.bool_), segments[:, 1:] != segments[:, :-1]], axis=1
+    )
+    run = jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
+    offsets = (jnp.arange(batch, dtype=jnp.int32) * width)[:, None]
+    return run + offsets
+
+
+def sequence_totals(
+    values: jax.Array, segments: jax.Array | None
+) -> tuple[jax.Array, jax.Array | None]:
+    """Sum ``values`` ([B, T], already zero where not kept) per sequence.
+
+    Returns the per-sequence totals (``[B]`` for rows, ``[B * T]`` slots for chains, empty
+    slots holding 0) and the chain index (None for rows) to broadcast them back.
+    """
+    if segments is None:
+        return jnp.sum(values, axis=-1), None
+    index = chain_index(segments)
+    totals = jax.ops.segment_sum(values.reshape(-1), index.reshape(-1), num_segments=values.size)
+    return totals, index
+
+
+def broadcast_back(per_sequence: jax.Array, index: jax.Array | None) -> jax.Array:
+    """Give every token its sequence's value: ``[B] -> [B, 1]`` or gather from chain slots."""
+    if index is None:
+        return per_sequence[:, None]
+    return per_sequence[index]
+
+
+def token_keep(keep: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """Kept positions, with segment-0 padding dropped when segments are given."""
+    if segments is None:
+        return keep
+    return keep & (segments != 0)
+
+
+# Reductions two themes share (checked public forms live in ``_reductions``).
+
+
+def mean_with_eps(
+    x: jax.Array, mask: jax.Array, axis: int | tuple[int, ...] | None = None
+) -> jax.Array:
+    """verl's ``masked_mean``: kept sum over ``count + 1e-8``, typed as torch types it."""
+    keep = keep_of(mask)
+    total = jnp.sum(select(x, keep), axis=axis)
+    count = count_kept(keep, axis=axis)
+    return divide(total, eps_denominator(count, mask), wider(x.dtype, count_dtype(mask)))
+
+
+def exact_mean(x: jax.Array, keep: jax.Array) -> jax.Array:
+    """verl's ``token-mean``: kept sum over the exact kept count (nan when none)."""
+    total = jnp.sum(select(x, keep))
+    return divide(total, count_kept(keep), x.dtype)
+
+
+def pooled_mean(x: jax.Array, keep: jax.Array, segments: jax.Array | None) -> jax.Array:
+    """``[B, T]`` per-sequence masked mean (divisor floored at 1), broadcast to tokens."""
+    keep = token_keep(keep, segments)
+    totals, index = sequence_totals(select(x, keep), segments)
+    counts, _ = sequence_totals(keep.astype(count_dtype_for(keep.size)), segments)
+    per_sequence = divide(totals, jnp.maximum(counts, 1), x.dtype)
+    return jnp.broadcast_to(broadcast_back(per_sequence, index), x.shape)

@@ -1,4 +1,4 @@
-"""k3 KL estimator, clamped as verl clamps it."""
+"""KL estimators between the policy and a reference: k1, k2 and verl's clamped k3."""
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
 
@@ -9,6 +9,75 @@ import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_dtype, require_same_shape
 from dew.rl._masking import clamp
+
+
+def k1_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
+    """The naive estimator ``log pi - log pi_ref`` of KL(pi || pi_ref), per token.
+
+    Port of verl 0.9.1 ``kl_penalty_forward(..., "k1")`` (also spelled ``"kl"``). Unbiased
+    but high variance and negative for some tokens (http://joschu.net/blog/kl-approx.html).
+    No clamp.
+
+    Args:
+      log_probs: ``[B, T]`` log-probabilities under the policy.
+      ref_log_probs: ``[B, T]`` the same under the reference, same dtype.
+
+    Returns:
+      ``[B, T]``; aggregate with :func:`token_mean` or the sequence reductions.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> log_probs = jnp.array([[-1.0, -2.0]])
+      >>> ref_log_probs = jnp.array([[-1.5, -1.0]])
+      >>> print(rl.k1_kl(log_probs, ref_log_probs))
+      [[ 0.5 -1. ]]
+
+    References:
+      Schulman, `Approximating KL Divergence <http://joschu.net/blog/kl-approx.html>`_,
+      2020.
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``kl_penalty_forward`` (``"k1"``).
+    """
+    require_float("log_probs", log_probs)
+    require_same_shape("ref_log_probs", ref_log_probs, "log_probs", log_probs)
+    require_same_dtype("ref_log_probs", ref_log_probs, "log_probs", log_probs)
+    return log_probs - ref_log_probs
+
+
+def k2_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
+    """Half the squared log ratio, ``0.5 * (log pi - log pi_ref)**2``, per token.
+
+    Port of verl 0.9.1 ``kl_penalty_forward(..., "k2")`` (also spelled ``"mse"``).
+    Non-negative and biased, but its gradient is the gradient of the true KL in
+    expectation, which is why verl's ``"k3+"`` straight-through mode borrows it. No clamp.
+
+    Args:
+      log_probs: ``[B, T]`` log-probabilities under the policy.
+      ref_log_probs: ``[B, T]`` the same under the reference, same dtype.
+
+    Returns:
+      ``[B, T]`` in the inputs' dtype.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> log_probs = jnp.array([[-1.0, -2.0]])
+      >>> ref_log_probs = jnp.array([[-1.5, -1.0]])
+      >>> print(rl.k2_kl(log_probs, ref_log_probs))
+      [[0.125 0.5  ]]
+
+    References:
+      Schulman, `Approximating KL Divergence <http://joschu.net/blog/kl-approx.html>`_,
+      2020.
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``kl_penalty_forward`` (``"k2"``).
+    """
+    require_float("log_probs", log_probs)
+    require_same_shape("ref_log_probs", ref_log_probs, "log_probs", log_probs)
+    require_same_dtype("ref_log_probs", ref_log_probs, "log_probs", log_probs)
+    return 0.5 * jnp.square(log_probs - ref_log_probs)
+
 
 #: Bound on ``log pi_ref - log pi`` before the exponential.
 K3_LOG_RATIO_BOUND = 20.0
@@ -38,6 +107,22 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
       ``[B, T]`` in the inputs' dtype. No mask is taken: a nan input stays at its own
       position (and, since exp is non-linear, in its own gradient): select such entries
       away with ``jnp.where`` before calling when padding may hold garbage.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> log_probs = jnp.array([[-1.0, -1.0, -40.0]])
+      >>> ref_log_probs = jnp.array([[-1.0, -2.0, -1.0]])
+      >>> import numpy as np
+      >>> print(np.asarray(rl.k3_kl(log_probs, ref_log_probs)).round(4))  # the last is clamped
+      [[ 0.      0.3679 10.    ]]
+
+    References:
+      Schulman, `Approximating KL Divergence <http://joschu.net/blog/kl-approx.html>`_,
+      2020.
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``kl_penalty_forward`` (``"k3"``,
+      also ``"low_var_kl"``).
     """
     require_float("log_probs", log_probs)
     require_same_shape("ref_log_probs", ref_log_probs, "log_probs", log_probs)

@@ -1,4 +1,4 @@
-"""GSPO's sequence-level log ratio with a per-token gradient."""
+"""Log importance ratios between the live and the sampling policy: per token and GSPO's."""
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
 
@@ -13,11 +13,48 @@ from dew.rl._checks import (
     require_same_shape,
     require_segments,
 )
-from dew.rl._masking import clamp, keep_of, select
-from dew.rl._segment_mean import pooled_mean
+from dew.rl._masking import LOG_RATIO_BOUND, clamp, keep_of, pooled_mean, select
 
 #: verl clamps the sequence log ratio from above at this value before exponentiating it.
 SEQUENCE_LOG_RATIO_MAX = 10.0
+
+
+def token_log_ratio(log_probs: jax.Array, old_log_probs: jax.Array) -> jax.Array:
+    """``log pi(a) - log pi_old(a)`` per token, clamped to [-20, 20].
+
+    verl 0.9.1 ``compute_policy_loss_vanilla`` computes this as ``negative_approx_kl``
+    before exponentiating it into the PPO ratio, and reports ``ppo_kl`` as its negated
+    masked mean (:func:`clipped_surrogate` returns that metric). The clamp bounds the ratio
+    by exp(20); its gradient is one at and inside the bounds and zero beyond, like
+    ``torch.clamp``.
+
+    Args:
+      log_probs: ``[B, T]`` log-probabilities of the taken tokens under the live policy.
+      old_log_probs: ``[B, T]`` the same under the policy that sampled them, same dtype.
+
+    Returns:
+      ``[B, T]`` in the inputs' dtype. No mask is taken: a nan in an input stays at its
+      own position, for the consumer's mask to drop.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> log_probs = jnp.array([[-1.0, -2.0, -30.0]])
+      >>> old_log_probs = jnp.array([[-1.5, -2.0, -1.0]])
+      >>> print(rl.token_log_ratio(log_probs, old_log_probs))  # -29 is clamped to -20
+      [[  0.5   0.  -20. ]]
+
+    References:
+      Schulman et al., `Proximal Policy Optimization Algorithms
+      <https://arxiv.org/abs/1707.06347>`_, 2017.
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``compute_policy_loss_vanilla``
+      (``negative_approx_kl``).
+    """
+    require_float("log_probs", log_probs)
+    require_same_shape("old_log_probs", old_log_probs, "log_probs", log_probs)
+    require_same_dtype("old_log_probs", old_log_probs, "log_probs", log_probs)
+    return clamp(log_probs - old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def sequence_log_ratio(
@@ -62,6 +99,21 @@ def sequence_log_ratio(
     Returns:
       ``[B, T]`` in the inputs' dtype. Masked positions carry their sequence's value, with
       zero gradient; a nan or inf there reaches neither values nor gradients.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> log_probs = jnp.array([[-1.0, -2.0, -3.0, 0.0]])
+      >>> old_log_probs = jnp.array([[-1.25, -2.5, -3.0, jnp.nan]])
+      >>> mask = jnp.array([[1, 1, 1, 0]])  # the nan is padding
+      >>> print(rl.sequence_log_ratio(log_probs, old_log_probs, mask))  # (0.25 + 0.5 + 0) / 3
+      [[0.25 0.25 0.25 0.25]]
+
+    References:
+      Zheng et al., `Group Sequence Policy Optimization
+      <https://arxiv.org/abs/2507.18071>`_, 2025.
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``compute_policy_loss_gspo``.
     """
     require_float("log_probs", log_probs)
     require_rank("log_probs", log_probs, 2, "[B, T]")

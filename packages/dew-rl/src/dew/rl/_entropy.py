@@ -1,4 +1,4 @@
-"""Entropy of the next-token distribution from logits."""
+"""Entropy of the next-token distribution."""
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
 
@@ -26,6 +26,17 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 
     Returns:
       ``[...]``, e.g. ``[B, T]``, in the logits' dtype.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> import dew.rl as rl
+      >>> logits = jnp.array([[[0.0, 0.0], [0.0, -jnp.inf]]])  # [B=1, T=2, V=2]
+      >>> print(np.asarray(rl.token_entropy(logits)).round(4))  # log 2, then a sure token
+      [[0.6931 0.    ]]
+
+    References:
+      verl 0.9.1, ``verl/utils/torch_functional.py``, ``entropy_from_logits``.
     """
     require_float("logits", logits)
     if jnp.ndim(logits) < 1:

@@ -1,4 +1,4 @@
-"""DPO sigmoid loss, averaged over preference pairs."""
+"""Preference losses on pairs of completions: DPO's sigmoid loss."""
 
 # Ports TRL 1.16.0 (Apache License 2.0, Copyright 2020-2025 The HuggingFace Team).
 
@@ -40,6 +40,26 @@ def preference_logsigmoid(
 
     Returns:
       The scalar mean loss over the ``B`` pairs, in the inputs' dtype.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> policy_chosen = jnp.array([[-1.0, -1.0]])
+      >>> policy_rejected = jnp.array([[-2.0, -2.0]])
+      >>> ref = jnp.array([[-1.5, -1.5]])  # the same reference on both sides
+      >>> mask = jnp.ones((1, 2), bool)
+      >>> loss = rl.preference_logsigmoid(
+      ...     policy_chosen, policy_rejected, ref, ref, mask, mask, beta=0.5
+      ... )
+      >>> print(f"{loss:.4f}")  # -log sigmoid(0.5 * ((-2 + 3) - (-4 + 3)))
+      0.3133
+
+    References:
+      Rafailov et al., `Direct Preference Optimization: Your Language Model is Secretly a
+      Reward Model <https://arxiv.org/abs/2305.18290>`_, 2023.
+
+      TRL 1.16.0, ``trl/trainer/dpo_trainer.py``, ``DPOTrainer._compute_loss``
+      (``loss_type="sigmoid"``).
     """
     require_float("policy_chosen", policy_chosen)
     require_rank("policy_chosen", policy_chosen, 2, "[B, T]")

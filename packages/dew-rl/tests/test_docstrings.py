@@ -1,0 +1,80 @@
+"""Every public function documents its references and carries a doctest that passes.
+
+The examples run as a user runs them: default JAX settings (float32, standard dtype
+promotion), not the float64 and strict promotion the other test modules enter.
+"""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import inspect
+import pathlib
+
+import jax
+import pytest
+
+import dew.rl as rl
+
+FUNCTIONS = sorted(name for name in rl.__all__ if callable(getattr(rl, name)))
+SOURCES = pathlib.Path(rl.__file__).parent
+FOUNDATIONS = {"dew.rl._checks", "dew.rl._masking"}
+
+
+def test_every_public_name_but_the_constant_is_a_function() -> None:
+    assert set(rl.__all__) - set(FUNCTIONS) == {"GROUP_EPS"}
+    assert len(FUNCTIONS) >= 25
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_docstring_has_references_and_examples(name: str) -> None:
+    doc = inspect.getdoc(getattr(rl, name)) or ""
+    references = doc.partition("\nReferences:\n")[2]
+    assert references.strip(), f"{name}: no References: block"
+    # The reference code is named by its file and its function.
+    assert ".py``" in references, f"{name}: References: names no reference file"
+    examples = doc.partition("\nExamples:\n")[2]
+    assert ">>> import dew.rl as rl" in examples, f"{name}: no Examples: block"
+    assert f"rl.{name}(" in examples, f"{name}: its example does not call it"
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_doctest_passes(name: str) -> None:
+    function = getattr(rl, name)
+    finder = doctest.DocTestFinder(recurse=False)
+    tests = finder.find(function, name, globs={})
+    assert tests and tests[0].examples, f"{name}: no doctest found"
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    with jax.enable_x64(False), jax.numpy_dtype_promotion("standard"):
+        for test in tests:
+            runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
+    assert result.attempted >= 3
+
+
+def _dew_rl_imports(path: pathlib.Path) -> set[str]:
+    """The ``dew.rl`` modules one source file imports (absolute imports only)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path.name}: relative import")
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dew.rl"):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("dew.rl")}
+    return found
+
+
+def test_themes_import_only_the_two_foundations() -> None:
+    themes = [
+        p
+        for p in SOURCES.glob("_*.py")
+        if p.name != "__init__.py" and f"dew.rl.{p.stem}" not in FOUNDATIONS
+    ]
+    assert len(themes) >= 8
+    for path in themes:
+        assert _dew_rl_imports(path) <= FOUNDATIONS, path.name
+    for name in FOUNDATIONS:
+        path = SOURCES / f"{name.rpartition('.')[2]}.py"
+        assert _dew_rl_imports(path) == set(), path.name
