@@ -103,6 +103,7 @@ class SubtreePolicy:
       model: the policy model.
       variables: its variables (or a whole tree ``pick`` reads them from).
       pick: ``tree -> policy variables``; applied when the tree holds more than the policy.
+        None: every snapshot is the policy's own variables.
       holds_more: ``tree -> bool``, whether a snapshot is a whole tree to pick from.
     """
 
@@ -110,12 +111,12 @@ class SubtreePolicy:
         self,
         model: Any,
         variables: Mapping[str, Any],
-        pick: Callable[[Mapping[str, Any]], dict[str, Any]],
-        holds_more: Callable[[Mapping[str, Any]], bool],
+        pick: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None,
+        holds_more: Callable[[Mapping[str, Any]], bool] | None = None,
     ) -> None:
         self.model = model
-        self._pick = pick
-        self._holds_more = holds_more
+        self._pick = pick if pick is not None else dict
+        self._holds_more = holds_more if holds_more is not None else (lambda tree: False)
         self._generation = TextGeneration(model) if isinstance(model, CausalTransformer) else None
         self.variables: dict[str, Any] = {}
         self.bind(variables)
