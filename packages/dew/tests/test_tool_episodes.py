@@ -274,8 +274,8 @@ def test_a_cohort_runs_the_whole_lifecycle():
     assert [e.detail for e in episodes] == ["9", "9", "4", "4"]
     assert all(a.policy_step == 3 for e in episodes for a in e.actions)
     assert log.open == set()
-    # every slot is sampled together in every round, finished ones with budget 1
-    assert policy.calls == [(4, [R] * 4), (4, [R] * 4)]
+    # one policy call per generation shard (gcd(2 task rows, 4 devices) = 2) per round
+    assert policy.calls == [(2, [R] * 2)] * 4
     for e in episodes:
         seq = [ev[0] for ev in log.events if ev[1] == e.id]
         assert seq == ["enter", "reset", "step", "step", "exit"]

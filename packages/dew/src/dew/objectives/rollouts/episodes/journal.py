@@ -87,6 +87,22 @@ def policy_digest(variables: Any) -> str:
     return digest.hexdigest()
 
 
+def attempt_header(tasks: Any, sampling: dict[str, Any], budgets: list[int]) -> dict[str, Any]:
+    """What a recovery compares besides clocks, key and policy: task ids, sampling controls,
+    budgets and the topology of this process."""
+    return {
+        "tasks": [int(t) for t in tasks],
+        "sampling": json.loads(json.dumps(sampling)),
+        "budgets": [int(b) for b in budgets],
+        "topology": {
+            "process_index": jax.process_index(),
+            "process_count": jax.process_count(),
+            "local_devices": jax.local_device_count(),
+            "devices": jax.device_count(),
+        },
+    }
+
+
 def _action_json(action: Action) -> str:
     return json.dumps(
         {

@@ -3,7 +3,8 @@
 ``project(episodes, groups, width, rows)`` turns each episode into a session with
 ``session_of`` and packs them with ``pack`` (truncation ``"mask"``: truncated and errored
 episodes take no rows and no part in their group's baseline). Every column is
-``[rows, width]``; ``rewards`` ``[E]`` holds each episode's reward (0 where it has none) for
+``[rows, width]`` (``old_log_probs`` always present, zero where nothing trains); ``rewards``
+``[E]`` holds each episode's reward (0 where it has none) for
 the loss's ``reward/mean`` metric.
 
 All episodes must come from one collection binding: records carrying different origin tokens
@@ -67,6 +68,9 @@ def project(
         truncation="mask",
         eos_ids=eos or None,
     )
+    # every action carries raw likelihoods; keep the column even when nothing trains, so
+    # every batch (and every rank's share of one) has the same columns
+    out.setdefault("old_log_probs", np.zeros_like(out["behavior_log_probs"]))
     out["rewards"] = np.asarray(
         [0.0 if e.reward is None else e.reward for e in episodes], np.float32
     )

@@ -8,9 +8,11 @@ variables. One collection:
 2. opens ``B * G`` episodes: ``environment_factory(EpisodeId(task, step, sample, seed))``,
    entered and reset, where ``step`` is the attempted training step and ``seed`` is drawn from
    the step's key for the slot's global position;
-3. runs rounds. In each round every slot is sampled together in one policy call: live slots
-   with their exact context and a budget of ``max_new_tokens``, finished slots with an inert
-   one-id prompt whose output is thrown away, so the batch keeps its shape and row order.
+3. runs ``max_turns`` rounds. In each round the slots of each generation shard (one per
+   process and device, see ``cohort``; a single-device process has one) are sampled together
+   in one policy call: live slots with their exact context and a budget of
+   ``max_new_tokens``, finished slots with an inert one-id prompt whose output is thrown
+   away, so the batch keeps its shape and row order and no draw shifts.
    A turn that used its budget without EOS ends the episode as TRUNCATED and is not sent to
    the environment; a context longer than ``max_prompt_tokens`` and a live episode at
    ``max_turns`` end it as TRUNCATED too (the recorded contexts stay whole). Every other turn
@@ -23,8 +25,10 @@ variables. One collection:
    their group's baseline. Set ``GRPOObjective(seq_len=max_prompt_tokens + max_new_tokens -
    1)``.
 
-Any exception from the factory, an environment, the policy or the verifier, and any
-cancellation, aborts the collection before the update: every open environment exits under the
+With several processes, ranks first agree on the cohort configuration and, after opening and
+after every round, on whether any rank failed (see ``cohort``). Any exception from the
+factory, an environment, the policy or the verifier, and any cancellation, aborts the
+collection before the update: every open environment exits under the
 original exception first, then ``EpisodeFailure`` / ``EpisodeCancelled`` is raised with the
 partial episode and the original as ``__cause__``.
 
@@ -36,7 +40,6 @@ rollout counts its own collections from 1 and uses ``step - 1`` as the update cl
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,12 +48,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.objectives.rollouts.episodes.cohort import (
+    RemoteFailure,
+    agree_on_config,
+    agree_on_failure,
+    local_variables,
+    shard_count,
+    task_ids,
+)
 from dew.objectives.rollouts.episodes.errors import (
     EpisodeCancelled,
     EpisodeFailure,
     is_cancellation,
 )
-from dew.objectives.rollouts.episodes.journal import EpisodeJournal, policy_digest
+from dew.objectives.rollouts.episodes.journal import (
+    EpisodeJournal,
+    JournalBusy,
+    JournalMismatch,
+    attempt_header,
+    policy_digest,
+)
 from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.objectives.rollouts.episodes.projection import project
 from dew.objectives.rollouts.episodes.protocol import (
@@ -75,26 +92,6 @@ def _positive(value: Any, name: str, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
     return int(value)
-
-
-def task_ids(batch: Mapping[str, Any]) -> list[int]:
-    """The ``task_id`` column of a batch as Python ints (``[B]`` or ``[B, 1]``)."""
-    if "task_id" not in batch:
-        raise KeyError(
-            f"batch['task_id']: missing; EpisodeRollout reads integer task ids, got columns "
-            f"{sorted(batch)}"
-        )
-    column = np.asarray(batch["task_id"])
-    if column.ndim == 2 and column.shape[1] == 1:
-        column = column[:, 0]
-    if column.ndim != 1 or column.dtype == np.bool_ or column.dtype.kind not in "iu":
-        raise ValueError(
-            f"batch['task_id']: expected integer ids of shape [B], got {column.dtype} "
-            f"{column.shape}"
-        )
-    if column.size == 0 or column.min() < 0:
-        raise ValueError(f"batch['task_id']: expected nonnegative ids, got {column.tolist()}")
-    return [int(t) for t in column]
 
 
 class EpisodeRollout:
@@ -166,6 +163,7 @@ class EpisodeRollout:
         self._clocks: tuple[int, int] | None = None
         self._calls = 0
         self._current: Slot | None = None
+        self._shards = 1
         self.last_episodes: list[Episode] = []
         self.last_timings: dict[str, float] = {}
 
@@ -205,17 +203,11 @@ class EpisodeRollout:
         """Open this rank's journal, check it against this attempt and restore its slots."""
         assert self.journal is not None
         self.journal.open(jax.process_index())
-        header = {
-            "tasks": [int(t) for t in tasks],
-            "sampling": json.loads(json.dumps(dataclasses.asdict(self.sampling))),
-            "budgets": [self.max_prompt_tokens, self.max_new_tokens, self.max_turns, self.groups],
-            "topology": {
-                "process_index": jax.process_index(),
-                "process_count": jax.process_count(),
-                "local_devices": jax.local_device_count(),
-                "devices": jax.device_count(),
-            },
-        }
+        header = attempt_header(
+            tasks,
+            dataclasses.asdict(self.sampling),
+            [self.max_prompt_tokens, self.max_new_tokens, self.max_turns, self.groups],
+        )
         key_hex = np.asarray(jax.device_get(jax.random.key_data(key))).tobytes().hex()
         records = self.journal.begin(
             clocks[0], clocks[1], header, key_hex, policy_digest(variables)
@@ -256,42 +248,44 @@ class EpisodeRollout:
                     f"{self.max_prompt_tokens}",
                 )
         live = [slot.running for slot in slots]
-        if not any(live):
-            return 0.0
         contexts = [s.context if on else INERT_CONTEXT for s, on in zip(slots, live)]
         budgets = [self.max_new_tokens if on else 1 for on in live]
         self._current = None
-        start = time.perf_counter()
-        drawn = self.policy(contexts, budgets, jax.random.fold_in(key, turn), self.sampling)
-        seconds = time.perf_counter() - start
-        if len(drawn) != len(slots):
-            raise ValueError(f"policy: expected {len(slots)} generations, got {len(drawn)}")
+        seconds = 0.0
+        size = len(slots) // self._shards
+        round_key = jax.random.fold_in(key, turn)
+        for shard in range(self._shards):
+            part = slice(shard * size, (shard + 1) * size)
+            if not any(live[part]):
+                continue  # each shard has its own key: skipping one shifts no other draw
+            shard_key = jax.random.fold_in(round_key, jax.process_index() * self._shards + shard)
+            start = time.perf_counter()
+            drawn = self.policy(contexts[part], budgets[part], shard_key, self.sampling)
+            seconds += time.perf_counter() - start
+            if len(drawn) != size:
+                raise ValueError(f"policy: expected {size} generations, got {len(drawn)}")
+            for slot, on, context, generation in zip(
+                slots[part], live[part], contexts[part], drawn
+            ):
+                if on:
+                    self._current = slot
+                    self._advance(slot, context, generation, policy_step)
+        return seconds
+
+    def _advance(self, slot: Slot, context: Any, generation: Any, policy_step: int) -> None:
+        """Take one turn of a live slot: a replayed, a reused pending or a fresh action."""
         eos = self.sampling.eos_ids
-        for slot, on, context, generation in zip(slots, live, contexts, drawn):
-            if not on:
-                continue
-            self._current = slot
-            turn = slot.turns
-            replayed = slot.replayed()
-            if replayed is not None:  # completed before a crash: not sent again
-                checked = check_action(
-                    dataclasses.replace(replayed.action, origin=slot.origin),
-                    eos,
-                    episode=slot.id,
-                    turn=turn,
-                )
-                slot.transitions[-1] = Transition(checked, replayed.observation)
-                if not slot.running:
-                    self._finish(slot)
-                continue
-            if slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
-                action = dataclasses.replace(slot.pending_action, origin=slot.origin)
-                slot.pending_action = None
-                action = check_action(action, eos, episode=slot.id, turn=turn)
-                slot.send(action)
-                if not slot.running:
-                    self._finish(slot)
-                continue
+        turn = slot.turns
+        replayed = slot.replayed()
+        if replayed is not None:  # completed before a crash: not sent again
+            action = dataclasses.replace(replayed.action, origin=slot.origin)
+            checked = check_action(action, eos, episode=slot.id, turn=turn)
+            slot.transitions[-1] = Transition(checked, replayed.observation)
+        elif slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
+            action = dataclasses.replace(slot.pending_action, origin=slot.origin)
+            slot.pending_action = None
+            slot.send(check_action(action, eos, episode=slot.id, turn=turn))
+        else:
             action = Action(
                 context=context,
                 tokens=np.asarray(generation.ids),
@@ -301,48 +295,79 @@ class EpisodeRollout:
                 policy_step=policy_step,
                 origin=slot.origin,
             )
-            action = check_action(action, eos, episode=slot.id, turn=slot.turns)
-            if not action.terminated:
+            action = check_action(action, eos, episode=slot.id, turn=turn)
+            if action.terminated:
+                slot.send(action)
+            else:
                 slot.record_truncated(
                     action, f"response used max_new_tokens={self.max_new_tokens} without EOS"
                 )
-                self._finish(slot)
-                continue
-            slot.send(action)
+        if not slot.running:
+            self._finish(slot)
+
+    def _config(self, tasks: Sequence[int], clocks: tuple[int, int]) -> dict[str, Any]:
+        return {
+            "rows": len(tasks),
+            "groups": self.groups,
+            "budgets": [self.max_prompt_tokens, self.max_new_tokens, self.max_turns],
+            "sampling": dataclasses.asdict(self.sampling),
+            "clocks": list(clocks),
+            "estimator": self.estimator,
+            "journal": self.journal is not None,
+        }
+
+    def _phase(self, work: Any, *args: Any) -> Any:
+        """Run one phase; every rank then agrees on whether any of them failed."""
+        error: BaseException | None = None
+        result = None
+        try:
+            result = work(*args)
+        except BaseException as err:
+            error = err
+        agree_on_failure(error)
+        self._current = None
+        return result
+
+    def _open_all(
+        self, slots: list[Slot], tasks: Sequence[int], clocks: Any, key: Any, variables: Any
+    ) -> None:
+        if self.journal is not None:
+            self._recover(slots, tasks, clocks, key, variables)
+        for slot in slots:
+            self._current = slot
+            slot.open(self.environment_factory)
             if not slot.running:
                 self._finish(slot)
-        return seconds
+
+    def _truncate_rest(self, slots: list[Slot]) -> None:
+        for slot in slots:
+            if slot.running:
+                self._current = slot
+                self._finish(slot, EpisodeStatus.TRUNCATED, f"max_turns={self.max_turns} reached")
 
     def collect(self, variables: Any, tasks: Sequence[int], key: Any) -> list[Episode]:
         """Run one collection and return its episodes (slot order: task row, then sample)."""
-        step, policy_step = self._take_clocks()
+        clocks = self._take_clocks()
+        step, policy_step = clocks
         if not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
             key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
-        self.policy.bind(variables)
+        agree_on_config(self._config(tasks, clocks))
+        self._shards = shard_count(len(tasks))
+        self.policy.bind(local_variables(variables))
         origin = object()
         slots = self._slots(tasks, step, key, origin)
-        if self.journal is not None:
-            self._recover(slots, tasks, (step, policy_step), key, variables)
         bar = EpisodeProgress(len(slots), enabled=self.progress)
         timings = {"generation": 0.0}
         start = time.perf_counter()
+        self._current = None
         try:
-            for slot in slots:
-                self._current = slot
-                slot.open(self.environment_factory)
-                if not slot.running:
-                    self._finish(slot)
+            self._phase(self._open_all, slots, tasks, clocks, key, variables)
             for turn in range(self.max_turns):
-                self._current = None
-                timings["generation"] += self._round(slots, turn, key, policy_step)
+                seconds = self._phase(self._round, slots, turn, key, policy_step)
+                timings["generation"] += seconds
                 done = sum(not s.running for s in slots)
                 bar.update(done, sum(s.turns for s in slots), sum(s.tool_seconds for s in slots))
-            for slot in slots:
-                if slot.running:
-                    self._current = slot
-                    self._finish(
-                        slot, EpisodeStatus.TRUNCATED, f"max_turns={self.max_turns} reached"
-                    )
+            self._phase(self._truncate_rest, slots)
         except BaseException as err:
             self._abort(slots, self._current, err)
             raise AssertionError("unreachable") from err
@@ -356,10 +381,12 @@ class EpisodeRollout:
 
     def _abort(self, slots: list[Slot], current: Slot | None, err: BaseException) -> None:
         """Release every open environment under ``err`` and raise the episode error."""
-        culprit = current
+        culprit = None if isinstance(err, RemoteFailure) else current
         for slot in slots:
             if slot.is_open:
                 slot.abort(err)
+        if isinstance(err, JournalMismatch | JournalBusy):
+            raise err  # a refused recovery is a configuration error, not an episode's failure
         if isinstance(err, EpisodeFailure):
             if self.record is not None and err.episode is not None:
                 self.record(err.episode)
@@ -387,15 +414,22 @@ class EpisodeRollout:
         tasks = task_ids(batch)
         episodes = self.collect(variables, tasks, key)
         start = time.perf_counter()
-        groups = [jax.process_index() * len(tasks) + i // self.groups for i in range(len(episodes))]
-        out = project(
-            episodes,
-            groups,
-            width=self.width,
-            rows=len(episodes) * self.max_turns,
-            estimator=self.estimator,
-            eos_ids=self.sampling.eos_ids,
-        )
+        size = len(episodes) // self._shards
+        columns = []
+        for shard in range(self._shards):
+            part = episodes[shard * size : (shard + 1) * size]
+            first_row = jax.process_index() * len(tasks) + shard * size // self.groups
+            columns.append(
+                project(
+                    part,
+                    [first_row + i // self.groups for i in range(len(part))],
+                    width=self.width,
+                    rows=len(part) * self.max_turns,
+                    estimator=self.estimator,
+                    eos_ids=self.sampling.eos_ids,
+                )
+            )
+        out = {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
         self.last_timings["pack"] = time.perf_counter() - start
         return out
 
