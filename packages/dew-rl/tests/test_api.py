@@ -39,6 +39,7 @@ EXTRA_NAMES = {
     "icepop_weights",
     "token_rejection_mask",
     "sequence_rejection_mask",
+    "ragged_group_advantage",
 }
 RNG = np.random.default_rng(1)
 
@@ -101,6 +102,9 @@ def _calls(dtype):
         "masked_whiten": lambda: rl.masked_whiten(a, m),
         "preference_logsigmoid": lambda: rl.preference_logsigmoid(a, b, c, a, m, m, 0.1),
         "rloo_advantage": lambda: rl.rloo_advantage(r, 2),
+        "ragged_group_advantage": lambda: rl.ragged_group_advantage(
+            r, jnp.asarray([3, 1, 3, 3]), jnp.asarray([1, 1, 1, 0])
+        ),
         "segment_mean": lambda: rl.segment_mean(a, m, seg),
         "sequence_log_ratio": lambda: rl.sequence_log_ratio(a, b, m, seg),
         "sequence_mean": lambda: rl.sequence_mean(a, m, seg),

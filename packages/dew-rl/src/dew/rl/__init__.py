@@ -24,6 +24,8 @@ Signatures of the functions beyond the core GRPO/PPO/DPO set::
     token_rejection_mask(old_log_probs, behavior_log_probs, mask, low, high) -> [B, T]
     sequence_rejection_mask(old_log_probs, behavior_log_probs, mask, low, high,
                             mean=False, segments=None) -> [B, T]
+    ragged_group_advantage(rewards, group_ids, mask=None, estimator="group",
+                           eps=GROUP_EPS) -> [B]
 
 GSPO is a composition, not a function::
 
@@ -33,7 +35,8 @@ GSPO is a composition, not a function::
 Layout, as in optax: the functions live in private modules by theme and are re-exported
 here; import them from ``dew.rl``, never from the modules::
 
-    _advantages   gae, masked_whiten, group_advantage, rloo_advantage
+    _advantages   gae, masked_whiten, group_advantage, rloo_advantage,
+                  ragged_group_advantage
     _ratios       token_log_ratio, sequence_log_ratio
     _surrogates   clipped_surrogate, clipped_surrogate_terms, cispo_terms,
                   clipped_value_loss_terms
@@ -52,7 +55,14 @@ share), never another theme. Every public function's docstring ends with a runna
 (file and function) it follows.
 """
 
-from dew.rl._advantages import GROUP_EPS, gae, group_advantage, masked_whiten, rloo_advantage
+from dew.rl._advantages import (
+    GROUP_EPS,
+    gae,
+    group_advantage,
+    masked_whiten,
+    ragged_group_advantage,
+    rloo_advantage,
+)
 from dew.rl._corrections import (
     behavior_importance_weights,
     icepop_weights,
@@ -94,6 +104,7 @@ __all__ = [
     "masked_mean",
     "masked_whiten",
     "preference_logsigmoid",
+    "ragged_group_advantage",
     "rloo_advantage",
     "segment_mean",
     "sequence_log_ratio",

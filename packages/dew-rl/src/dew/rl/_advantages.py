@@ -8,8 +8,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from dew.rl._checks import require_float, require_rank, require_same_dtype, require_same_shape
-from dew.rl._masking import at_least_float32, count_dtype, count_kept, keep_of, mean_with_eps
+from dew.rl._checks import (
+    is_python_number,
+    require_float,
+    require_rank,
+    require_same_dtype,
+    require_same_shape,
+)
+from dew.rl._masking import (
+    at_least_float32,
+    count_dtype,
+    count_kept,
+    keep_of,
+    mean_with_eps,
+    select,
+)
 
 #: verl's ``epsilon`` default in ``compute_grpo_outcome_advantage``.
 GROUP_EPS = 1e-6
@@ -187,7 +200,8 @@ def group_advantage(
 
     Port of verl 0.9.1 ``compute_grpo_outcome_advantage`` for outcome rewards. The rollout
     lays the ``group`` completions of one prompt next to each other, so groups are a
-    reshape of ``[B]`` into ``[B / group, group]``. The deviation is unbiased
+    reshape of ``[B]`` into ``[B / group, group]``; for groups of different sizes, in any
+    order or with dropped members, use :func:`ragged_group_advantage`. The deviation is unbiased
     (``torch.std``): ``(r - mean) / (std + eps)``. ``normalise_by_std=False`` is Dr.GRPO
     (arXiv:2503.20783), ``r - mean``; verl calls that switch
     ``norm_adv_by_std_in_grpo``.
@@ -281,3 +295,120 @@ def rloo_advantage(rewards: jax.Array, group: int) -> jax.Array:
     others = jnp.sum(grouped, axis=1, keepdims=True) - grouped
     baseline = others / (group - 1)
     return (grouped - baseline).reshape(-1)
+
+
+#: The estimators of :func:`ragged_group_advantage`, by verl's names for them.
+ESTIMATORS = ("group", "mean", "rloo")
+
+
+def ragged_group_advantage(
+    rewards: jax.Array,
+    group_ids: jax.Array,
+    mask: jax.Array | None = None,
+    estimator: str = "group",
+    eps: float = GROUP_EPS,
+) -> jax.Array:
+    """Group-relative advantages for groups of any size, named by ids, members anywhere.
+
+    Packing several prompts' completions into one batch makes ragged groups: prompts with
+    different numbers of completions, groups of one, members that were dropped (a
+    cancelled or truncated sample) and members in any order. Here a group is the set of
+    kept entries that share an integer id, wherever they sit, and each kept entry is
+    compared with its own group (verl 0.9.1 ``compute_grpo_outcome_advantage`` and
+    ``compute_rloo_outcome_advantage`` group the same way through their ``index``):
+
+    - ``"group"`` (GRPO): ``(r - mean) / (std + eps)`` with the unbiased deviation;
+    - ``"mean"`` (Dr.GRPO, verl's ``norm_adv_by_std_in_grpo=False``): ``r - mean``;
+    - ``"rloo"``: ``r - mean`` of the group's other members, in the leave-one-out form
+      of :func:`rloo_advantage`.
+
+    A group of one has mean 0 and deviation 1, as in verl: ``"group"`` gives
+    ``r / (1 + eps)`` (that sum formed in float32, as verl forms it), ``"mean"`` and
+    ``"rloo"`` give ``r``. A group whose rewards are equal gets zeros. Entries outside
+    ``mask`` belong to no group, take no part in any statistic and get 0; whatever they
+    hold (nan included) reaches nothing. On adjacent groups of one size this is
+    :func:`group_advantage` (``"group"``, ``"mean"``) or :func:`rloo_advantage`
+    (``"rloo"``), up to the order of the summation.
+
+    Ids may be any integers (task numbers, hashes, a prompt's position); they are ranked
+    inside the function, so it jits with ``estimator`` static and everything else traced.
+    Statistics are formed in at least float32.
+
+    Args:
+      rewards: ``[B]`` one scalar reward per completion.
+      group_ids: ``[B]`` integer group of each completion.
+      mask: optional ``[B]``; non-zero keeps a completion, default all kept.
+      estimator: ``"group"``, ``"mean"`` or ``"rloo"``.
+      eps: added to a group's deviation (``"group"`` only), verl's ``epsilon``.
+
+    Returns:
+      ``[B]`` advantages in the rewards' dtype, 0 where ``mask`` drops a completion.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import numpy as np
+      >>> import dew.rl as rl
+      >>> rewards = jnp.array([1.0, 3.0, 0.0, 5.0, 2.0, jnp.nan])
+      >>> group_ids = jnp.array([7, 4, 7, 4, 9, 7])
+      >>> mask = jnp.array([1, 1, 1, 1, 1, 0])  # the last completion was dropped
+      >>> # kept groups: 7 holds 1 and 0, 4 holds 3 and 5, 9 holds 2 alone
+      >>> print(rl.ragged_group_advantage(rewards, group_ids, mask, "mean"))
+      [ 0.5 -1.  -0.5  1.   2.   0. ]
+      >>> print(rl.ragged_group_advantage(rewards, group_ids, mask, "rloo"))
+      [ 1. -2. -1.  2.  2.  0.]
+      >>> print(np.asarray(rl.ragged_group_advantage(rewards, group_ids, mask)).round(4))
+      [ 0.7071 -0.7071 -0.7071  0.7071  2.      0.    ]
+
+    References:
+      Shao et al., `DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open
+      Language Models <https://arxiv.org/abs/2402.03300>`_, 2024 (GRPO).
+
+      Ahmadian et al., `Back to Basics: Revisiting REINFORCE Style Optimization for
+      Learning from Human Feedback in LLMs <https://arxiv.org/abs/2402.14740>`_, 2024
+      (RLOO).
+
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``compute_grpo_outcome_advantage``
+      and ``compute_rloo_outcome_advantage``.
+    """
+    require_float("rewards", rewards)
+    require_rank("rewards", rewards, 1, "[B]")
+    require_rank("group_ids", group_ids, 1, "[B]")
+    require_same_shape("group_ids", group_ids, "rewards", rewards)
+    if not jnp.issubdtype(jnp.result_type(group_ids), jnp.integer):
+        raise TypeError(
+            f"group_ids: expected integer group ids, got dtype {jnp.result_type(group_ids)}"
+        )
+    if mask is not None:
+        require_same_shape("mask", mask, "rewards", rewards)
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
+    if is_python_number(eps) and not float(eps) >= 0.0:  # type: ignore[arg-type]
+        raise ValueError(f"eps: expected a non-negative number, got {eps}")
+    size = rewards.shape[0]
+    if size == 0:
+        return rewards
+    dtype = at_least_float32(rewards.dtype)
+    keep = jnp.ones((size,), jnp.bool_) if mask is None else keep_of(mask)
+    x = select(rewards, keep).astype(dtype)
+    # Rank the ids: slot[i] is the group's index among the distinct ids, in [0, B).
+    _, slot = jnp.unique(group_ids, size=size, return_inverse=True)
+    slot = slot.reshape(size)
+
+    def group_sum(values: jax.Array) -> jax.Array:
+        """Each entry gets the sum of ``values`` over its group's kept members."""
+        return jax.ops.segment_sum(select(values, keep), slot, num_segments=size)[slot]
+
+    n = group_sum(jnp.ones((size,), dtype))
+    total = group_sum(x)
+    shared = n > 1  # a group of one has no baseline (mean 0, deviation 1)
+    if estimator == "rloo":
+        others = (total - x) / jnp.maximum(n - 1, 1)
+        advantages = jnp.where(shared, x - others, x)
+    else:
+        mean = jnp.where(shared, total / jnp.maximum(n, 1), jnp.zeros((), dtype))
+        advantages = x - mean
+        if estimator == "group":
+            std = jnp.sqrt(group_sum(advantages**2) / jnp.maximum(n - 1, 1))
+            alone = (jnp.float32(1.0) + jnp.asarray(eps, jnp.float32)).astype(dtype)
+            advantages = advantages / jnp.where(shared, std + eps, alone)
+    return select(advantages, keep).astype(rewards.dtype)
