@@ -109,6 +109,7 @@ def main() -> None:
             K,
             G,
             sampling,
+            device_shards=True,
             record=lambda e: episodes.append(
                 {
                     "id": e.id.as_dict(),

@@ -274,8 +274,8 @@ def test_a_cohort_runs_the_whole_lifecycle():
     assert [e.detail for e in episodes] == ["9", "9", "4", "4"]
     assert all(a.policy_step == 3 for e in episodes for a in e.actions)
     assert log.open == set()
-    # one policy call per generation shard (gcd(2 task rows, 4 devices) = 2) per round
-    assert policy.calls == [(2, [R] * 2)] * 4
+    # every slot is sampled together in every round, finished ones with budget 1
+    assert policy.calls == [(4, [R] * 4), (4, [R] * 4)]
     for e in episodes:
         seq = [ev[0] for ev in log.events if ev[1] == e.id]
         assert seq == ["enter", "reset", "step", "step", "exit"]
@@ -530,3 +530,20 @@ def test_a_failed_collection_leaves_the_previous_checkpoint_intact(model, tmp_pa
         restored = checkpoint.latest(tmp_path / kind)
         assert restored is not None and restored.step == 1
         assert log.open == set()
+
+
+def test_device_shards_sample_each_device_share_with_its_own_key():
+    keys = []
+
+    class KeyRecording(ScriptedPolicy):
+        def __call__(self, contexts, budgets, key, sampling):
+            keys.append(jax.random.key_data(key).tolist())
+            return super().__call__(contexts, budgets, key, sampling)
+
+    policy = KeyRecording()
+    rollout, _ = make_rollout(Log(), policy, device_shards=True)
+    rollout({"params": {}}, tasks(3, 2), jax.random.key(0))
+    # gcd(2 task rows, 4 devices) = 2 shards of one task's group each, in both rounds
+    assert policy.calls == [(2, [R] * 2)] * 4
+    assert keys[0] != keys[1] and keys[2] != keys[3] and keys[0] != keys[2]
+    assert all(e.reward == 1.0 for e in rollout.last_episodes)

@@ -1,11 +1,12 @@
 """How a collection is laid out over processes and devices, and how ranks agree.
 
 Layout. The global cohort has ``B * G`` slots per process in task-row order; each process
-splits its slots into ``shards`` equal generation shards (``gcd(B, local devices)``, so a
-task's group never straddles two shards), and each shard is sampled in one policy call with
-its own key ``fold_in(round_key, global shard index)`` and packed into its own
-``shard_slots * max_turns`` rows. A layout with one device per process and the same global
-devices in one process therefore draws, scores and packs every slot identically.
+splits its slots into equal generation shards, each sampled in one policy call with its own
+key ``fold_in(round_key, global shard index)`` and packed into its own
+``shard_slots * max_turns`` rows. By default a process is one shard. With device shards
+(``EpisodeRollout(device_shards=True)``) there are ``gcd(B, local devices)`` of them, so a
+task's group never straddles two shards, and a layout with one device per process draws,
+scores and packs every slot exactly as one process holding the same global devices.
 
 Binding. The policy gets a host-local copy of the variables (the first addressable copy of a
 replicated leaf, an all-gather of a sharded one), so generation runs as a local program that

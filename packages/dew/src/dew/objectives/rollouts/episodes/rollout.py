@@ -8,9 +8,8 @@ variables. One collection:
 2. opens ``B * G`` episodes: ``environment_factory(EpisodeId(task, step, sample, seed))``,
    entered and reset, where ``step`` is the attempted training step and ``seed`` is drawn from
    the step's key for the slot's global position;
-3. runs ``max_turns`` rounds. In each round the slots of each generation shard (one per
-   process and device, see ``cohort``; a single-device process has one) are sampled together
-   in one policy call: live slots with their exact context and a budget of
+3. runs ``max_turns`` rounds. In each round all local slots are sampled together in one
+   policy call (with ``device_shards=True``, one call per local device, see ``cohort``): live slots with their exact context and a budget of
    ``max_new_tokens``, finished slots with an inert one-id prompt whose output is thrown
    away, so the batch keeps its shape and row order and no draw shifts.
    A turn that used its budget without EOS ends the episode as TRUNCATED and is not sent to
@@ -114,6 +113,10 @@ class EpisodeRollout:
       estimator: ``"group"``, ``"mean"`` or ``"rloo"`` as ``pack`` takes them.
       record: optional callback receiving every finished or failed episode.
       progress: draw a progress bar (``None``: only on a terminal).
+      device_shards: sample each local device's share of the slots in its own policy call
+        with its own key (``cohort``), so that a collection gives the same draws, likelihoods
+        and packed rows however the global devices are split over processes. The default
+        samples all local slots of a round in one call.
     """
 
     def __init__(
@@ -131,6 +134,7 @@ class EpisodeRollout:
         estimator: str = "group",
         record: Record | None = None,
         progress: bool | None = None,
+        device_shards: bool = False,
     ) -> None:
         for name in ("bind", "__call__"):
             if not callable(getattr(policy, name, None)):
@@ -159,6 +163,7 @@ class EpisodeRollout:
         self.estimator = estimator
         self.record = record
         self.progress = progress
+        self.device_shards = bool(device_shards)
         self.width = self.max_prompt_tokens + self.max_new_tokens
         self._clocks: tuple[int, int] | None = None
         self._calls = 0
@@ -352,7 +357,7 @@ class EpisodeRollout:
         if not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
             key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))
         agree_on_config(self._config(tasks, clocks))
-        self._shards = shard_count(len(tasks))
+        self._shards = shard_count(len(tasks)) if self.device_shards else 1
         self.policy.bind(local_variables(variables))
         origin = object()
         slots = self._slots(tasks, step, key, origin)
