@@ -573,19 +573,6 @@ def test_two_updates_train_policy_and_critic_and_keep_the_reference() -> None:
     )
 
 
-def test_a_cohort_without_actions_makes_no_update() -> None:
-    batch = ppo_batch(1.0, 0.95)
-    batch["response_mask"] = np.zeros_like(batch["response_mask"])
-    batch.update(episode_targets(batch, batch["old_values"], EPISODES["rewards"]))
-    obj = objective("ppo")
-    data = Dataset(train=lambda partition: itertools.repeat(batch), val=None, batch=ROWS)
-    trainer = Trainer(obj, optax.sgd(0.5), key=jax.random.key(5), progress=False)
-    start = jax.device_get(trainer.initial_state().params)
-    state = trainer.fit(data, steps=1, log_every=None)
-    assert int(state.updates) == 0
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), start)
-
-
 # ---------------------------------------------------------------- PPORollout
 
 

@@ -352,13 +352,13 @@ class PPOObjective:
         """``(loss_sum, weight, metrics)`` for one packed (micro)batch; see the module doc."""
         del key
         self._check_batch(batch)
+        if self.beta > 0 and reference is None:
+            raise ValueError(
+                "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
+            )
         log_probs = self.packed_log_probs(variables, batch)
         ref_log_probs = None
         if self.beta > 0:
-            if reference is None:
-                raise ValueError(
-                    "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
-                )
             ref_log_probs = jax.lax.stop_gradient(self.packed_log_probs(reference, batch))
         policy_sum, weight, metrics = policy_loss_from_log_probs(
             log_probs, batch, ref_log_probs=ref_log_probs, **self.options()
