@@ -90,13 +90,13 @@ def test_prefix_check_names_conversation(tok, tmp_path):
 @pytest.mark.parametrize(
     ("row", "match"),
     [
-        ('{"messages": [', r"row 1: malformed JSON"),
-        ({"other": []}, r"row 1: no 'messages' column"),
-        ({"messages": [{"role": "user", "content": 3}]}, r"row 1: message 0 content should be a string"),
-        ({"messages": [{"role": "wizard", "content": "x"}]}, r"row 1: message 0 role: unknown role 'wizard'"),
-        ({"messages": []}, r"row 1: empty conversation"),
-        ({"messages": [{"role": "assistant", "content": "hi"}]}, r"row 1: the conversation starts with an assistant"),
-        ({"messages": [{"role": "user", "content": "word " * 200}]}, r"row 1: the conversation renders to \d+ tokens, more than a row of seq_len \+ 1 = 33"),
+        ('{"messages": [', r"bad.jsonl: line 2: malformed JSON"),
+        ({"other": []}, r"bad.jsonl: line 2: no 'messages' column"),
+        ({"messages": [{"role": "user", "content": 3}]}, r"bad.jsonl: line 2: message 0 content should be a string"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, r"bad.jsonl: line 2: message 0 role: unknown role 'wizard'"),
+        ({"messages": []}, r"bad.jsonl: line 2: empty conversation"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, r"bad.jsonl: line 2: the conversation starts with an assistant"),
+        ({"messages": [{"role": "user", "content": "word " * 200}]}, r"bad.jsonl: line 2: the conversation renders to \d+ tokens, more than a row of seq_len \+ 1 = 33"),
     ],
 )  # fmt: skip
 def test_bad_input_names_file_and_row(tok_dir, tmp_path, row, match):

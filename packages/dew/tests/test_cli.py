@@ -88,4 +88,4 @@ def test_train_sft(tmp_path, capsys):
     from dew.data.chat.template import ChatTokenizer
 
     vocab = ChatTokenizer.load(tok).tokenizer.get_vocab_size()
-    assert config["vocab_size"] == vocab and config["kind"] == "sft"
+    assert config["model"]["vocab_size"] == vocab and config["kind"] == "sft"

@@ -1,314 +1,382 @@
-"""The ``dew`` command line: ``dew train lm`` and ``dew train sft``.
+"""The ``dew`` command line: ``dew train lm|sft|dpo|grpo``, ``dew chain``, ``dew quickstart``.
 
-``dew train lm --tokens FILE --run-dir DIR --steps N`` trains a decoder on a token file
-(``dew.data.TokenFile``) with ``LMObjective``. ``dew train sft --data FILE --tokenizer DIR
---run-dir DIR --steps N`` fine-tunes on conversations (``dew.data.chat.ChatMessages``) with
-the loss on assistant tokens. Both resume when ``DIR`` already holds a checkpoint: the run's
-settings are kept in ``DIR/config.json`` and a resumed run must use the same model and data
-settings. ``--pretrained`` starts from a Hugging Face model directory; ``--export`` writes the
-final weights back in that layout.
+``dew train KIND`` builds its run from three layers, later ones winning: the defaults of
+``dew.recipes.train_config``, a YAML or JSON file (``--config``), the flags, and ``--set
+section.key=value`` overrides. Every flag is a key of that config (``--lr`` is
+``optimizer.learning_rate``); ``--help`` names each flag's key. The whole config is checked
+before anything is read or trained (``dew.recipes.train``).
+
+Errors print one line on stderr, ``dew: error: <where>: <what was expected, what came>``,
+and exit with status 1 (2 for a bad command line); ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
 
-_MODEL_KEYS = ("model", "emb_features", "layers", "heads", "kv_heads", "mlp_features", "vocab_size",
-               "seq_len", "pretrained", "dtype")  # fmt: skip
+# (flags, config key, type, help, kinds that take it: None for every kind)
+_FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...] = (
+    (("--run-dir",), "run.run_dir", str, "run directory: checkpoints, metrics.jsonl, "
+     "config.json; a run directory holding a checkpoint is resumed (required)", None),
+    (("--steps",), "run.steps", int, "train until this many steps in total (required)", None),
+    (("--batch",), "run.batch", int, "global batch size in rows (GRPO: prompts)", None),
+    (("--microbatches",), "run.microbatches", int,
+     "gradient accumulation: split each batch into this many", None),
+    (("--fsdp",), "run.fsdp", bool, "shard parameters and optimizer state over devices", None),
+    (("--seed",), "run.seed", int, "seed of initialisation and data order", None),
+    (("--log-every",), "run.log_every", int, "write metrics every N steps", None),
+    (("--eval-every",), "run.eval_every", int, "validate every N steps (needs validation data)",
+     None),
+    (("--checkpoint-every",), "run.checkpoint_every", int,
+     "checkpoint every N steps; the last step is always saved", None),
+    (("--keep",), "run.keep", int, "checkpoints to keep", None),
+    (("--tensorboard",), "run.tensorboard", bool,
+     "also write TensorBoard event files under RUN_DIR/tensorboard", None),
+    (("--export",), "run.export", str,
+     "after training, write the weights here as a Hugging Face directory (safetensors in "
+     "--export-dtype)", None),
+    (("--export-dtype",), "run.export_dtype", str,
+     "dtype of the exported weights: bfloat16, float32 or float16", None),
+    (("--lr",), "optimizer.learning_rate", float, "peak learning rate", None),
+    (("--optimizer",), "optimizer.name", str, "adam, adamw or sgd", None),
+    (("--weight-decay",), "optimizer.weight_decay", float,
+     "AdamW weight decay (default 0.01; adam and sgd take none)", None),
+    (("--clip",), "optimizer.clip", float, "global gradient-norm clip, 0 to disable", None),
+    (("--schedule",), "schedule.kind", str,
+     "learning-rate schedule after the warmup: constant (flat at --lr), cosine or linear "
+     "(down to --end-lr-fraction x --lr at the last step)", None),
+    (("--warmup",), "schedule.warmup_steps", int,
+     "steps of linear warmup from 0 to --lr, before the --schedule", None),
+    (("--end-lr-fraction",), "schedule.end_fraction", float,
+     "where cosine and linear schedules end, as a fraction of --lr", None),
+    (("--pretrained",), "model.pretrained", str,
+     "start from this Hugging Face model directory (safetensors + config.json); the model "
+     "size flags are then ignored", None),
+    (("--model",), "model.name", str, "model family: causal_transformer, llama, mistral, "
+     "qwen2, qwen3", None),
+    (("--emb-features",), "model.emb_features", int, "model width", None),
+    (("--layers",), "model.num_layers", int, "decoder layers", None),
+    (("--heads",), "model.num_heads", int, "attention heads", None),
+    (("--kv-heads",), "model.num_kv_heads", int, "key/value heads (default: --heads)", None),
+    (("--mlp-features",), "model.mlp_features", int, "MLP width (default: 4 x width)", None),
+    (("--vocab-size",), "model.vocab_size", int,
+     "vocabulary size (default: the tokenizer's, or the largest id in the data + 1)", None),
+    (("--dtype",), "model.dtype", str,
+     "compute dtype: float32, bfloat16 or float16 (parameters stay float32)", None),
+    (("--tokens",), "data.tokens", str, "token file: .npy, or raw ids (.bin) of --token-dtype "
+     "(required)", ("lm",)),
+    (("--token-dtype",), "data.token_dtype", str, "dtype of a raw token file", ("lm",)),
+    (("--eos-id",), "data.eos_id", int,
+     "document separator id: packed documents do not see each other", ("lm",)),
+    (("--val-tokens",), "data.val_tokens", str, "a token file for validation", ("lm",)),
+    (("--val-batches",), "data.val_batches", int, "validate on at most this many batches",
+     ("lm",)),
+    (("--seq-len",), "data.seq_len", int,
+     "tokens predicted per row, L; rows hold L + 1", ("lm", "sft")),
+    (("--seq-len",), "data.seq_len", int,
+     "row width S of a pair side (prompt and completion)", ("dpo",)),
+    (("--data",), "data.path", str,
+     "conversations: .jsonl, .parquet or a Hub dataset id (hf extra) (required)", ("sft",)),
+    (("--data",), "data.path", str, "preference pairs (prompt/chosen/rejected): .jsonl, "
+     ".parquet or a Hub dataset id (hf extra) (required)", ("dpo",)),
+    (("--data",), "data.path", str, "prompts with ground_truth: .jsonl, .parquet or a Hub "
+     "dataset id (hf extra) (required)", ("grpo",)),
+    (("--tokenizer",), "data.tokenizer", str, "tokenizer directory with tokenizer.json and a "
+     "chat template in tokenizer_config.json (required)", ("sft",)),
+    (("--tokenizer",), "data.tokenizer", str, "tokenizer directory for text and conversation "
+     "rows (not needed for token ids)", ("dpo", "grpo")),
+    (("--column",), "data.column", str,
+     "messages column (rows without it use verl's 'prompt')", ("sft",)),
+    (("--val-data",), "data.val_path", str, "separate rows for validation",
+     ("sft", "dpo", "grpo")),
+    (("--max-prompt-len",), "data.max_prompt_len", int,
+     "prompt width P; longer prompts keep their last P ids", ("grpo",)),
+    (("--ema-decay",), "objective.ema_decay", float,
+     "keep a moving average of the weights with this decay (default: none)", ("lm", "sft")),
+    (("--all-tokens",), "objective.all_tokens", bool,
+     "count every token in the loss, not only assistant tokens", ("sft",)),
+    (("--beta",), "objective.beta", float, "DPO's preference scale", ("dpo",)),
+    (("--beta",), "objective.beta", float, "KL coefficient to the starting policy", ("grpo",)),
+    (("--reward",), "objective.reward", str,
+     "reward as module:function (a class is made with no arguments)", ("grpo",)),
+    (("--groups",), "objective.groups", int, "completions sampled per prompt (>= 2)", ("grpo",)),
+    (("--max-new-tokens",), "objective.max_new_tokens", int, "response budget", ("grpo",)),
+    (("--temperature",), "objective.temperature", float,
+     "sampling temperature (the loss scores at the same one)", ("grpo",)),
+    (("--top-k",), "objective.top_k", int, "sample from the k most likely ids (default: all)",
+     ("grpo",)),
+)  # fmt: skip
+
+_EXAMPLES = {
+    "lm": "dew train lm --tokens tokens.bin --run-dir runs/lm --steps 1000 --lr 3e-4 "
+    "--schedule cosine --warmup 100",
+    "sft": "dew train sft --data chat.jsonl --tokenizer tok/ --run-dir runs/sft --steps 500 "
+    "--pretrained hf-model/ --export out/",
+    "dpo": "dew train dpo --data pairs.jsonl --tokenizer tok/ --pretrained runs/sft-export "
+    "--run-dir runs/dpo --steps 200 --lr 1e-6 --beta 0.1",
+    "grpo": "dew train grpo --data prompts.jsonl --tokenizer tok/ --pretrained hf-model/ "
+    "--run-dir runs/grpo --steps 100 --reward my_rewards:exact_match",
+}
+_DESCRIPTIONS = {
+    "lm": "Train a decoder on a flat token file (next-token loss).",
+    "sft": "Fine-tune on chat conversations; the loss counts assistant tokens.",
+    "dpo": "Direct preference optimisation on prompt/chosen/rejected pairs.",
+    "grpo": "GRPO: sample groups of completions per prompt, reward them, update the policy.",
+}
 
 
-def _add_common(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("run")
-    g.add_argument(
-        "--run-dir",
-        required=True,
-        help="run directory: checkpoints, metrics.jsonl, config.json; resumed when it holds a checkpoint",
+class _Parser(argparse.ArgumentParser):
+    """An ``argparse`` parser whose errors are one line (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def _version() -> str:
+    def get(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"dew {get('dew')} (dew-rl {get('dew-rl')}, jax {get('jax')})"
+
+
+def _default(kind: str, key: str) -> Any:
+    import dataclasses
+
+    from dew.recipes import builder, train_config
+
+    section, name = key.split(".")
+    classes = {"run": train_config.RunConfig, "model": builder.ModelConfig,
+               "optimizer": builder.OptimizerConfig, "schedule": builder.ScheduleConfig,
+               "data": train_config.DATA[kind], "objective": train_config.OBJECTIVES[kind]}  # fmt: skip
+    for field in dataclasses.fields(classes[section]):
+        if field.name == name:
+            return field.default
+    raise KeyError(key)  # pragma: no cover - the table names real keys
+
+
+def _add_train_kind(kinds: Any, kind: str) -> None:
+    import dataclasses
+
+    parser = kinds.add_parser(
+        kind,
+        help=_DESCRIPTIONS[kind].split(";")[0].rstrip("."),
+        description=_DESCRIPTIONS[kind] + " Each flag is a config key (shown as [key]).",
+        epilog=f"example:\n  {_EXAMPLES[kind]}\n  dew train {kind} --config {kind}.yaml "
+        "--set optimizer.learning_rate=1e-5",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    g.add_argument("--steps", type=int, required=True, help="train until this many steps in total")
-    g.add_argument("--batch", type=int, default=8, help="global batch size in rows (default 8)")
-    g.add_argument(
-        "--seq-len",
-        type=int,
-        default=256,
-        help="tokens predicted per row, L; rows hold L + 1 (default 256)",
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="a YAML or JSON config; flags and --set override its keys")  # fmt: skip
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="override one config key, e.g. optimizer.learning_rate=1e-5 "
+                        "(repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        dest="run.progress",
+        help="draw a progress bar (default: only when stderr is a terminal; otherwise a "
+        "plain log line every --log-every steps) [run.progress]",
     )
-    g.add_argument(
-        "--microbatches",
-        type=int,
-        default=1,
-        help="gradient accumulation: split each batch into this many (default 1)",
-    )
-    g.add_argument(
-        "--fsdp", action="store_true", help="shard parameters and optimizer state over devices"
-    )
-    g.add_argument(
-        "--seed", type=int, default=0, help="seed of initialisation and data order (default 0)"
-    )
-    g.add_argument(
-        "--log-every", type=int, default=10, help="write metrics every N steps (default 10)"
-    )
-    g.add_argument(
-        "--eval-every",
-        type=int,
-        default=None,
-        help="validate every N steps (needs validation data)",
-    )
-    g.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=100,
-        help="checkpoint every N steps (default 100; the last step is always saved)",
-    )
-    g.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default 3)")
-    g.add_argument(
-        "--tensorboard",
-        action="store_true",
-        help="also write TensorBoard event files under RUN_DIR/tensorboard",
-    )
-    g.add_argument(
-        "--export",
-        default=None,
-        help="after training, write the weights as a Hugging Face directory here",
-    )
-    o = p.add_argument_group("optimizer (AdamW)")
-    o.add_argument("--lr", type=float, default=3e-4, help="peak learning rate (default 3e-4)")
-    o.add_argument(
-        "--warmup",
-        type=int,
-        default=0,
-        help="linear warmup steps, then cosine decay to 10%% (default 0)",
-    )
-    o.add_argument(
-        "--weight-decay", type=float, default=0.01, help="AdamW weight decay (default 0.01)"
-    )
-    o.add_argument(
-        "--clip",
-        type=float,
-        default=1.0,
-        help="global gradient-norm clip, 0 to disable (default 1.0)",
-    )
-    o.add_argument(
-        "--ema-decay",
-        type=float,
-        default=None,
-        help="keep a moving average of the weights with this decay (default: none)",
-    )
-    m = p.add_argument_group("model (ignored with --pretrained)")
-    m.add_argument(
-        "--pretrained",
-        default=None,
-        help="start from this Hugging Face model directory (safetensors + config.json)",
-    )
-    m.add_argument(
-        "--model",
-        default="qwen3",
-        help="model family: causal_transformer, llama, mistral, qwen2, qwen3 (default qwen3)",
-    )
-    m.add_argument("--emb-features", type=int, default=256, help="model width (default 256)")
-    m.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
-    m.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
-    m.add_argument("--kv-heads", type=int, default=None, help="key/value heads (default: --heads)")
-    m.add_argument("--mlp-features", type=int, default=None, help="MLP width (default 4 x width)")
-    m.add_argument(
-        "--dtype",
-        default="float32",
-        help="compute dtype: float32 or bfloat16 (parameters stay float32)",
-    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    for flags, key, kind_type, text, kinds_for in _FLAGS:
+        if kinds_for is not None and kind not in kinds_for:
+            continue
+        default = _default(kind, key)
+        shown = (
+            ""
+            if "default" in text or "required" in text or default is dataclasses.MISSING
+            else f" (default {default})"
+        )
+        options: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS,
+                                   "help": f"{text}{shown} [{key}]"}  # fmt: skip
+        if kind_type is bool:
+            options["action"] = "store_const"
+            options["const"] = True
+        else:
+            options["type"] = kind_type
+            options["metavar"] = key.split(".")[1].upper()
+        parser.add_argument(*flags, **options)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dew", description="Dew: post-training for JAX models.")
+    parser = _Parser(
+        prog="dew",
+        description="Dew: post-training for JAX models.",
+        epilog="example:\n  dew train sft --data chat.jsonl --tokenizer tok/ --run-dir runs/sft "
+        "--steps 500\n  dew chain chain.yaml\n  dew quickstart --run-dir runs/quickstart",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train = commands.add_parser("train", help="train a model", description="Train a model.")
+    train = commands.add_parser(
+        "train",
+        help="train a model (lm, sft, dpo, grpo)",
+        description="Train a model.",
+        epilog=f"example:\n  {_EXAMPLES['sft']}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     kinds = train.add_subparsers(dest="kind", required=True, metavar="KIND")
-    lm = kinds.add_parser("lm", help="next-token training on a token file",
-                          description="Train a decoder on a flat token file (next-token loss).")  # fmt: skip
-    lm.add_argument(
-        "--tokens", required=True, help="token file: .npy, or raw ids (.bin) of --token-dtype"
-    )
-    lm.add_argument(
-        "--token-dtype", default="uint16", help="dtype of a raw token file (default uint16)"
-    )
-    lm.add_argument(
-        "--vocab-size",
-        type=int,
-        required=False,
-        default=None,
-        help="vocabulary size (default: largest id + 1)",
-    )
-    lm.add_argument(
-        "--eos-id",
-        type=int,
-        default=None,
-        help="document separator id: packed documents do not see each other",
-    )
-    lm.add_argument("--val-tokens", default=None, help="a token file for validation")
-    lm.add_argument(
-        "--val-batches", type=int, default=None, help="validate on at most this many batches"
-    )
-    _add_common(lm)
-    sft = kinds.add_parser("sft", help="supervised fine-tuning on conversations",
-                           description="Fine-tune on chat conversations; the loss counts assistant tokens.")  # fmt: skip
-    sft.add_argument(
-        "--data",
-        required=True,
-        help="conversations: .jsonl, .parquet or a Hub dataset id (hf extra)",
-    )
-    sft.add_argument(
-        "--tokenizer",
-        required=True,
-        help="tokenizer directory with tokenizer.json and a chat template in tokenizer_config.json",
-    )
-    sft.add_argument(
-        "--column",
-        default="messages",
-        help="messages column (default messages; rows without it use 'prompt')",
-    )
-    sft.add_argument("--val-data", default=None, help="separate conversations for validation")
-    sft.add_argument(
-        "--all-tokens",
-        action="store_true",
-        help="count every token in the loss, not only assistant tokens",
-    )
-    _add_common(sft)
+    for kind in ("lm", "sft", "dpo", "grpo"):
+        _add_train_kind(kinds, kind)
     from dew.recipes.cli import add_chain_command
 
     add_chain_command(commands)  # ``dew chain CONFIG`` (dew.recipes.cli)
     from dew.quickstart.command import add_command as add_quickstart_command
 
     add_quickstart_command(commands)  # ``dew quickstart`` (dew.quickstart)
+    quickstart = commands.choices.get("quickstart")
+    if quickstart is not None and not quickstart.epilog:
+        quickstart.epilog = "example:\n  dew quickstart --size small --run-dir runs/quickstart"
+        quickstart.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
-def _optimizer(args: argparse.Namespace) -> Any:
-    import optax
+def _file_config(path: str) -> dict[str, Any]:
+    """A config file's mapping, its relative paths read from the file's directory."""
+    from dew.recipes.schema import load_file
+    from dew.recipes.train_config import PATH_KEYS
 
-    if args.warmup > 0:
-        lr = optax.warmup_cosine_decay_schedule(0.0, args.lr, args.warmup, max(args.steps, args.warmup + 1),
-                                                end_value=args.lr * 0.1)  # fmt: skip
-    else:
-        lr = args.lr
-    chain = [optax.clip_by_global_norm(args.clip)] if args.clip > 0 else []
-    chain.append(
-        optax.inject_hyperparams(optax.adamw)(learning_rate=lr, weight_decay=args.weight_decay)
-    )
-    return optax.chain(*chain)
-
-
-def _model(args: argparse.Namespace, vocab_size: int) -> tuple[Any, Any]:
-    from dew import models
-
-    if args.pretrained:
-        pre = models.load_pretrained(args.pretrained)
-        if pre.config.vocab_size < vocab_size:
-            raise SystemExit(
-                f"--pretrained: the model's vocabulary ({pre.config.vocab_size}) is smaller than "
-                f"the data's ({vocab_size})"
-            )
-        return pre.model, dict(pre.variables)
-    model = models.build(
-        args.model,
-        vocab_size=vocab_size,
-        emb_features=args.emb_features,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        mlp_features=args.mlp_features or 4 * args.emb_features,
-        max_seq_len=args.seq_len + 1,
-        dtype=args.dtype,
-    )
-    return model, None
+    config = load_file(path)
+    base = Path(path).resolve().parent
+    for section, keys in PATH_KEYS.items():
+        values = config.get(section)
+        if not isinstance(values, dict):
+            continue
+        for key in keys:
+            value = values.get(key)
+            if isinstance(value, str) and not os.path.isabs(os.path.expanduser(value)):
+                local = base / value
+                if section == "run" or local.exists() or value.startswith("."):
+                    values[key] = str(local)
+    return config
 
 
-def _check_config(run_dir: str, config: dict[str, Any]) -> None:
-    path = os.path.join(run_dir, "config.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-        diff = {k: (old.get(k), config.get(k)) for k in _MODEL_KEYS + ("data", "tokens")
-                if old.get(k) != config.get(k)}  # fmt: skip
-        if diff:
-            raise SystemExit(
-                f"--run-dir {run_dir}: it was started with other settings {diff} "
-                "(old, new); use a new run directory"
-            )
-        return
-    os.makedirs(run_dir, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(config, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def train_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The config mapping of a parsed ``dew train`` command line: file, flags, ``--set``."""
+    from dew.recipes.schema import apply_override
+
+    config: dict[str, Any] = _file_config(args.config) if args.config else {}
+    for key, value in vars(args).items():
+        if "." in key:
+            section, name = key.split(".")
+            node = config.setdefault(section, {})
+            if not isinstance(node, dict):
+                from dew.recipes.schema import ConfigError
+
+                raise ConfigError(f"{section}: expected a mapping of keys, got {node!r}")
+            node[name] = value
+    for assignment in args.overrides:
+        apply_override(config, assignment)
+    return config
+
+
+def _flag_of(key: str, kind: str) -> str | None:
+    for flags, k, _, _, kinds_for in _FLAGS:
+        if k == key and (kinds_for is None or kind in kinds_for):
+            return flags[0]
+    return None
 
 
 def _train(args: argparse.Namespace) -> int:
-    import jax
+    from dew.recipes.schema import ConfigError
+    from dew.recipes.train import run_train
+    from dew.recipes.train_config import train_config
 
-    from dew.data import TokenFile
-    from dew.objectives.lm import LMObjective
-    from dew.trainer import Trainer
-
-    if args.kind == "lm":
-        from dew.data.tokens import open_tokens
-
-        ids = open_tokens(args.tokens, args.token_dtype)
-        vocab = args.vocab_size or int(ids.max()) + 1
-        spec = TokenFile(args.tokens, args.seq_len, dtype=args.token_dtype, eos_id=args.eos_id,
-                         seed=args.seed, val_path=args.val_tokens, val_batches=args.val_batches)  # fmt: skip
-        loss_role = None
-        config = {k.replace("-", "_"): v for k, v in vars(args).items()}
-        config["vocab_size"] = vocab
-    else:
-        from dew.data.chat import ChatMessages, Role
-
-        spec = ChatMessages(args.data, args.tokenizer, args.seq_len, column=args.column,
-                            val_path=args.val_data, seed=args.seed)  # fmt: skip
-        vocab = spec.chat_tokenizer().tokenizer.get_vocab_size()
-        loss_role = None if args.all_tokens else Role.ASSISTANT
-        config = dict(vars(args))
-        config["vocab_size"] = vocab
-    config.pop("func", None)
-    _check_config(args.run_dir, config)
-    model, pretrained = _model(args, vocab)
-    data = spec.load(batch=args.batch)
-    objective = LMObjective(model, args.seq_len, pretrained=pretrained, loss_role=loss_role,
-                            ema_decay=args.ema_decay)  # fmt: skip
-    trainer = Trainer(objective, _optimizer(args), key=jax.random.key(args.seed),
-                      microbatches=args.microbatches, fsdp=args.fsdp,
-                      checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep,
-                      tensorboard=args.tensorboard)  # fmt: skip
-    state = trainer.fit(data, steps=args.steps, log_every=args.log_every,
-                        eval_every=args.eval_every, run_dir=args.run_dir)  # fmt: skip
-    if args.export:
-        from dew import models
-
-        models.Pretrained.from_model(model, jax.device_get(state.params),
-                                     family=None if args.pretrained else args.model).save(args.export)  # fmt: skip
+    try:
+        config = train_config(train_mapping(args), args.kind)
+    except ConfigError as err:
+        text = str(err)
+        if text.endswith("required, missing"):
+            key = text.split(":", 1)[0]
+            flag = _flag_of(key, args.kind)
+            if flag:
+                raise ConfigError(f"{flag} ({key}): required, missing") from None
+        raise
+    state = run_train(config)
     print(
-        f"trained to step {int(state.step)} ({int(state.updates)} updates); run directory {args.run_dir}"
+        f"trained to step {int(state.step)} ({int(state.updates)} updates); run directory "
+        f"{config.run.run_dir}"
     )
     return 0
 
 
+def _one_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    if isinstance(err, KeyError) and len(err.args) == 1:
+        text = str(err.args[0])
+    known = (ValueError, TypeError, OSError, ImportError, KeyError, FloatingPointError)
+    if not isinstance(err, known):
+        text = f"{type(err).__name__}: {text} (--debug shows the traceback)"
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _warning_line(message: Any, category: Any, filename: str, lineno: int, line: Any = None) -> str:
+    return f"dew: warning: {' '.join(str(message).split())}\n"
+
+
+def _unrecognized(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]
+) -> None:
+    """Refuse unknown arguments from the sub-command's parser, naming the nearest flag."""
+    from dew.recipes.schema import nearest
+
+    sub: Any = parser
+    for name in ("command", "kind"):
+        value = getattr(args, name, None)
+        actions = [a for a in sub._actions if isinstance(a, argparse._SubParsersAction)]
+        if value is None or not actions:
+            break
+        sub = actions[0].choices[value]
+    flags = [flag for action in sub._actions for flag in action.option_strings]
+    near = nearest(extra[0].split("=", 1)[0], flags) if extra[0].startswith("-") else None
+    hint = f"; did you mean {near}?" if near else ""
+    sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dew`` console script."""
-    args = build_parser().parse_args(argv)
-    if args.command == "train":
-        return _train(args)
-    if args.command == "chain":
-        from dew.recipes.cli import run_chain
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    if not debug:
+        warnings.formatwarning = _warning_line
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        _unrecognized(parser, args, extra)
+    try:
+        if args.command == "train":
+            return _train(args)
+        if args.command == "chain":
+            from dew.recipes.cli import run_chain
 
-        return run_chain(args)
-    if args.command == "quickstart":
-        from dew.quickstart.command import run_command
+            return run_chain(args)
+        if args.command == "quickstart":
+            from dew.quickstart.command import run_command
 
-        return run_command(args)
+            return run_command(args)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("dew: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if debug:
+            raise
+        print(f"dew: error: {_one_line(err)}", file=sys.stderr)
+        return 1
     return 2  # pragma: no cover - argparse requires a command
 
 

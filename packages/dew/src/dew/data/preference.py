@@ -15,6 +15,7 @@ has no 1 after position 0 is refused, since it would contribute nothing to the l
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,84 +23,75 @@ from typing import Any
 import numpy as np
 
 from dew.data.dataset import Dataset, IndexedStream, Loading
+from dew.data.preference_text import tokenize_row
 from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
 _SIDES = ("chosen", "rejected")
 
 
-def _check_ids(values: object, row: int, name: str) -> list[int]:
+def _check_ids(values: object, row: str, name: str) -> list[int]:
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
-        raise TypeError(
-            f"PreferencePairs row {row}: {name} must be a list of token ids, "
-            f"got {type(values).__name__}"
-        )
+        raise TypeError(f"{row}: {name} must be a list of token ids, got {type(values).__name__}")
     ids: list[int] = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(
-                f"PreferencePairs row {row}: {name} must hold integer token ids, "
-                f"got {value!r} ({type(value).__name__})"
+                f"{row}: {name} must hold integer token ids, got {value!r} ({type(value).__name__})"
             )
         if value < 0:
-            raise ValueError(
-                f"PreferencePairs row {row}: {name} must hold non-negative ids, got {value}"
-            )
+            raise ValueError(f"{row}: {name} must hold non-negative ids, got {value}")
         ids.append(int(value))
     if not ids:
-        raise ValueError(f"PreferencePairs row {row}: {name} is empty")
+        raise ValueError(f"{row}: {name} is empty")
     return ids
 
 
-def _check_mask(values: object, row: int, name: str, length: int) -> list[int]:
+def _check_mask(values: object, row: str, name: str, length: int) -> list[int]:
     if values is None:
         return [1] * length
     if not isinstance(values, Sequence) or isinstance(values, (str, bytes)):
-        raise TypeError(
-            f"PreferencePairs row {row}: {name} must be a list of 0/1 flags, "
-            f"got {type(values).__name__}"
-        )
+        raise TypeError(f"{row}: {name} must be a list of 0/1 flags, got {type(values).__name__}")
     flags = []
     for value in values:
         if value not in (0, 1) or isinstance(value, float):
-            raise ValueError(f"PreferencePairs row {row}: {name} must hold 0 or 1, got {value!r}")
+            raise ValueError(f"{row}: {name} must hold 0 or 1, got {value!r}")
         flags.append(int(value))
     if len(flags) != length:
-        raise ValueError(
-            f"PreferencePairs row {row}: {name} must have one flag per id "
-            f"({length}), got {len(flags)}"
-        )
+        raise ValueError(f"{row}: {name} must have one flag per id ({length}), got {len(flags)}")
     return flags
 
 
 def pair_arrays(
-    rows: Sequence[Mapping[str, Any]], seq_len: int, pad_id: int
+    rows: Sequence[Mapping[str, Any]],
+    seq_len: int,
+    pad_id: int,
+    labels: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Validate ``rows`` and pad them: ``(input_ids, completion_mask)``, each ``[N, 2, S]``."""
+    """Validate ``rows`` and pad them: ``(input_ids, completion_mask)``, each ``[N, 2, S]``.
+
+    ``labels`` name the rows in errors (``"data.jsonl: line 3"``); default ``row <index>``.
+    """
     count = len(rows)
     input_ids = np.full((count, 2, seq_len), pad_id, dtype=np.int32)
     completion_mask = np.zeros((count, 2, seq_len), dtype=np.int32)
-    for index, row in enumerate(rows):
+    for position, row in enumerate(rows):
+        index = f"PreferencePairs row {position}" if labels is None else labels[position]
         if not isinstance(row, Mapping):
-            raise TypeError(
-                f"PreferencePairs row {index}: expected a JSON object, got {type(row).__name__}"
-            )
+            raise TypeError(f"{index}: expected a JSON object, got {type(row).__name__}")
         for side_index, side in enumerate(_SIDES):
             if row.get(side) is None:
-                raise ValueError(f"PreferencePairs row {index}: missing field {side!r}")
+                raise ValueError(f"{index}: missing field {side!r}")
             ids = _check_ids(row[side], index, side)
             mask = _check_mask(row.get(f"{side}_mask"), index, f"{side}_mask", len(ids))
             if len(ids) > seq_len:
-                raise ValueError(
-                    f"PreferencePairs row {index}: {side} has {len(ids)} ids, more than "
-                    f"seq_len={seq_len}"
-                )
+                raise ValueError(f"{index}: {side} has {len(ids)} ids, more than seq_len={seq_len}")
             if not any(mask[1:]):
                 raise ValueError(
-                    f"PreferencePairs row {index}: {side}_mask marks no completion token "
+                    f"{index}: {side}_mask marks no completion token "
                     "after the first id, so the pair would not be scored"
                 )
-            input_ids[index, side_index, : len(ids)] = ids
-            completion_mask[index, side_index, : len(ids)] = mask
+            input_ids[position, side_index, : len(ids)] = ids
+            completion_mask[position, side_index, : len(ids)] = mask
     return input_ids, completion_mask
 
 
@@ -113,21 +105,67 @@ def _read_parquet(path: str | Path) -> list[Mapping[str, Any]]:
                 f"PreferencePairs.path {str(path)!r}: missing column {side!r} "
                 f"(columns: {table.column_names})"
             )
-    wanted = [
-        c for c in ("chosen", "rejected", "chosen_mask", "rejected_mask") if c in table.column_names
-    ]
-    return table.select(wanted).to_pylist()
+    from dew.data.chat.messages import _strip_nulls
+
+    columns = ("prompt", "chosen", "rejected", "chosen_mask", "rejected_mask")
+    wanted = [c for c in columns if c in table.column_names]
+    return [_strip_nulls(row) for row in table.select(wanted).to_pylist()]
+
+
+def _read_path(path: str, split: str) -> tuple[list[Any], list[str]]:
+    """Rows of a Parquet or JSONL file or a Hub dataset, each with its label for errors."""
+    from dew.data.chat.messages import read_labeled_rows
+
+    if path.endswith(".parquet") and os.path.isfile(path):
+        rows = _read_parquet(path)
+        return rows, [f"{path}: row {i}" for i in range(len(rows))]
+    name, rows, labels = read_labeled_rows(path, split)
+    return rows, [f"{name}: {label}" for label in labels]
+
+
+class _LazyChatTokenizer:
+    """Loads the tokenizer when the first text or conversation row needs it."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self._loaded: Any = None
+
+    def _get(self) -> Any:
+        if self._loaded is None:
+            from dew.data.chat.template import ChatTokenizer, load_chat_tokenizer
+
+            spec = self.spec
+            self._loaded = (
+                spec if isinstance(spec, ChatTokenizer) or hasattr(spec, "render")
+                else load_chat_tokenizer(spec, "PreferencePairs.tokenizer")
+            )  # fmt: skip
+        return self._loaded
+
+    def __bool__(self) -> bool:
+        return self.spec is not None
+
+    def pad_id(self) -> int | None:
+        return getattr(self._loaded, "pad_id", None) if self._loaded is not None else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
 
 
 class PreferencePairs:
     """Preference pairs for DPO (see the module docstring for the row format).
 
     Args:
-      path: a Parquet file with list-of-int columns ``chosen``, ``rejected`` and optionally
-        ``chosen_mask``, ``rejected_mask``.
+      path: a ``.parquet`` or ``.jsonl`` file, or a Hub dataset id (``hf`` extra), with
+        ``chosen``, ``rejected`` and optionally ``prompt`` (token ids with optional
+        ``chosen_mask``/``rejected_mask``, or TRL's text or conversational layout, which
+        ``tokenizer`` turns into ids: see ``dew.data.preference_text``).
       records: a tuple of JSON object strings with the same fields.
+      tokenizer: a ``ChatTokenizer``, a local tokenizer directory or a Hub name, for text and
+        conversation rows (loaded only when a row needs it).
+      split: the Hub split when ``path`` is a dataset id.
       seq_len: the full row width ``S`` (use ``DPOObjective(model, seq_len=S - 1)``).
-      pad_id: the id written into padding (its mask is 0).
+      pad_id: the id written into padding (its mask is 0); default the tokenizer's pad id
+        when a tokenizer is loaded, else 0.
       loading: how batches are read ahead (``dew.data.Loading``); None takes its defaults.
       seed: None keeps file order; an int shuffles each epoch deterministically.
 
@@ -140,15 +178,19 @@ class PreferencePairs:
         records: Sequence[str] | None = None,
         *,
         seq_len: int,
-        pad_id: int = 0,
+        pad_id: int | None = None,
         loading: Loading | None = None,
         seed: int | None = None,
+        tokenizer: Any = None,
+        split: str = "train",
     ) -> None:
         if (path is None) == (records is None):
             raise ValueError("PreferencePairs: give exactly one of path= or records=, not both")
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
             raise ValueError(f"PreferencePairs.seq_len: expected an int >= 2, got {seq_len!r}")
-        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        if pad_id is not None and (
+            isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0
+        ):
             raise ValueError(f"PreferencePairs.pad_id: expected an int >= 0, got {pad_id!r}")
         if loading is not None and not isinstance(loading, Loading):
             raise TypeError(
@@ -158,17 +200,21 @@ class PreferencePairs:
             raise TypeError(f"PreferencePairs.seed: expected None or an int, got {seed!r}")
         self.path = path
         self.seq_len = seq_len
-        self.pad_id = pad_id
         self.loading = loading if loading is not None else Loading()
         self.seed = seed
-        rows = (
-            _read_parquet(path)
-            if path is not None
-            else parse_json_records(records, "PreferencePairs")
-        )
+        if path is not None:
+            rows, labels = _read_path(os.fspath(path), split)
+        else:
+            rows = parse_json_records(records, "PreferencePairs")
+            labels = [f"PreferencePairs row {i}" for i in range(len(rows))]
         if not rows:
             raise ValueError("PreferencePairs: the input holds no rows")
-        input_ids, completion_mask = pair_arrays(rows, seq_len, pad_id)
+        chat = _LazyChatTokenizer(tokenizer)
+        rows = [tokenize_row(row, chat, label) for row, label in zip(rows, labels)]
+        if pad_id is None:
+            pad_id = chat.pad_id() or 0
+        self.pad_id = pad_id
+        input_ids, completion_mask = pair_arrays(rows, seq_len, pad_id, labels)
         self.arrays = {"input_ids": input_ids, "completion_mask": completion_mask}
 
     def __len__(self) -> int:

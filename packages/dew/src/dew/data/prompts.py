@@ -178,12 +178,16 @@ def _ground_truth(row: Mapping[str, Any]) -> Any:
     return None
 
 
-def _read(path: str | Path | None, records: Sequence[str] | None, split: str) -> list[Any]:
+def _read(
+    path: str | Path | None, records: Sequence[str] | None, split: str
+) -> tuple[list[Any], list[str] | None]:
+    """The raw rows and, for a file, each row's label (``prompts.jsonl: line 3``)."""
     if path is not None:
-        from dew.data.chat.messages import read_rows
+        from dew.data.chat.messages import read_labeled_rows
 
-        return list(read_rows(os.fspath(path), split)[1])
-    return parse_json_records(records, "Prompts")
+        name, rows, labels = read_labeled_rows(os.fspath(path), split)
+        return rows, [f"{name}: {label}" for label in labels]
+    return parse_json_records(records, "Prompts"), None
 
 
 class Prompts:
@@ -239,22 +243,19 @@ class Prompts:
         self.loading = loading if loading is not None else Loading()
         self.seed = seed
         lazy = _LazyTokenizer(tokenizer)
-        rows = _read(path, records, split)
+        rows, labels = _read(path, records, split)
         if not rows:
             raise ValueError("Prompts: the input holds no rows")
         all_ids: list[list[int]] = []
         texts: dict[str, list[str]] = {name: [] for name in METADATA}
         for index, row in enumerate(rows):
-            if not isinstance(row, Mapping):
-                raise TypeError(
-                    f"Prompts row {index}: expected a JSON object, got {type(row).__name__}"
-                )
-            if row.get("prompt") is None:
-                raise ValueError(f"Prompts row {index}: missing field 'prompt'")
-            all_ids.append(prompt_ids(row["prompt"], index, lazy))
-            texts["data_source"].append(_metadata_text(row.get("data_source")))
-            texts["ground_truth"].append(_metadata_text(_ground_truth(row)))
-            texts["extra_info"].append(_metadata_text(row.get("extra_info")))
+            try:
+                self._read_row(row, index, lazy, all_ids, texts)
+            except (TypeError, ValueError) as err:
+                prefix = f"Prompts row {index}"
+                if labels is None or not str(err).startswith(prefix):
+                    raise
+                raise type(err)(labels[index] + str(err)[len(prefix) :]) from None
         self.tokenizer = lazy.loaded
         if pad_id is None:
             pad_id = getattr(self.tokenizer, "pad_id", None) or 0
@@ -277,6 +278,25 @@ class Prompts:
         self.arrays = {"prompt": prompt, "prompt_length": lengths}
         for name in METADATA:
             self.arrays[name] = encode_text(texts[name], name)
+
+    @staticmethod
+    def _read_row(
+        row: Any,
+        index: int,
+        lazy: _LazyTokenizer,
+        all_ids: list[list[int]],
+        texts: dict[str, list[str]],
+    ) -> None:
+        if not isinstance(row, Mapping):
+            raise TypeError(
+                f"Prompts row {index}: expected a JSON object, got {type(row).__name__}"
+            )
+        if row.get("prompt") is None:
+            raise ValueError(f"Prompts row {index}: missing field 'prompt'")
+        all_ids.append(prompt_ids(row["prompt"], index, lazy))
+        texts["data_source"].append(_metadata_text(row.get("data_source")))
+        texts["ground_truth"].append(_metadata_text(_ground_truth(row)))
+        texts["extra_info"].append(_metadata_text(row.get("extra_info")))
 
     def __len__(self) -> int:
         return int(self.arrays["prompt"].shape[0])

@@ -55,9 +55,27 @@ def open_tokens(path: str | os.PathLike[str], dtype: str = "uint16") -> np.ndarr
     if not os.path.exists(path):
         raise FileNotFoundError(f"tokens: no such file {path!r}")
     if path.endswith(".npy"):
-        arr = np.load(path, mmap_mode="r")
+        try:
+            arr = np.load(path, mmap_mode="r")
+        except (ValueError, OSError) as err:
+            raise ValueError(f"tokens {path!r}: not a readable .npy file ({err})") from None
     else:
-        arr = np.memmap(path, dtype=np.dtype(dtype).newbyteorder("<"), mode="r")
+        try:
+            kind = np.dtype(dtype).newbyteorder("<")
+        except TypeError:
+            raise ValueError(
+                f"token dtype: expected a numpy integer dtype, got {dtype!r}"
+            ) from None
+        size = os.path.getsize(path)
+        if size == 0:
+            raise ValueError(f"tokens {path!r}: the file is empty; expected {kind.name} token ids")
+        if size % kind.itemsize:
+            raise ValueError(
+                f"tokens {path!r}: {size} bytes is not a whole number of {kind.name} ids "
+                f"({kind.itemsize} bytes each); the last id is cut off at byte "
+                f"{size - size % kind.itemsize}"
+            )
+        arr = np.memmap(path, dtype=kind, mode="r")
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(
             f"tokens {path!r}: expected a 1-D integer array, got {arr.dtype} {arr.shape}"

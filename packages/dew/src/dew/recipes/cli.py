@@ -54,9 +54,9 @@ _FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".npy", ".bin", ".yaml", ".yml"
 def local_path(value: Any, base: Path, where: str) -> Any:
     """``value`` resolved against ``base`` when it names a local file or directory.
 
-    A value that looks like a local path (a file suffix, a leading ``.``, ``/`` or ``~``, or
-    more than one ``/``) but does not exist is reported as a missing file; anything else is
-    left alone (a Hub id such as ``org/name``).
+    A value that looks like a local path (a file suffix, a leading ``.``, ``/`` or ``~``, more
+    than one ``/``, or a parent directory that exists here) but does not exist is reported as
+    a missing file; anything else is left alone (a Hub id such as ``org/name``).
     """
     if not isinstance(value, str):
         return value
@@ -69,8 +69,8 @@ def local_path(value: Any, base: Path, where: str) -> Any:
         value.endswith(_FILE_SUFFIXES)
         or value.startswith((".", "/", "~"))
         or value.count("/") > 1
-        or os.sep != "/"
-        and os.sep in value
+        or (os.sep != "/" and os.sep in value)
+        or ("/" in value and candidate.parent != base and candidate.parent.is_dir())
     )
     if looks_local:
         raise ConfigError(f"{where}: no such file or directory {str(candidate)!r}")

@@ -121,9 +121,14 @@ def section(cls: type[T], mapping: Any, where: str) -> T:
             raise ConfigError(f"{where}.{name}: required, missing")
     try:
         return cls(**values)
+    except ConfigError as err:
+        # the dataclass names its own section ("optimizer.clip"); say where it sits
+        text = str(err)
+        head, dot, rest = text.partition(".")
+        if where and dot and not text.startswith(where) and " " not in head:
+            raise ConfigError(f"{where}.{rest}") from None
+        raise
     except (ValueError, TypeError) as err:
-        if isinstance(err, ConfigError):
-            raise
         raise ConfigError(f"{where}: {err}") from None
 
 

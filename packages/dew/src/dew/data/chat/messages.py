@@ -50,27 +50,44 @@ def _strip_nulls(value: Any) -> Any:
     return value
 
 
-def read_rows(
+def read_labeled_rows(
     path: str, split: str = "train", options: Mapping[str, Any] | None = None
-) -> tuple[str, list[Any]]:
-    """``(name for errors, list of raw rows)`` of a JSONL or Parquet file or a Hub dataset."""
-    if path.endswith(".jsonl") or (os.path.isfile(path) and not path.endswith(".parquet")):
+) -> tuple[str, list[Any], list[str]]:
+    """``(name for errors, raw rows, a label per row)`` of a JSONL or Parquet file or a Hub
+    dataset. A JSONL row's label is its line in the file (``line 3``, counting from 1, blank
+    lines counted and skipped); a Parquet or Hub row's is its index (``row 0``).
+
+    A missing local file (a path ending in ``.jsonl``/``.json``/``.parquet``, or starting
+    with ``.`` or ``/``) raises ``FileNotFoundError``; anything else that is not a file is
+    read as a Hub dataset id. Text that is not UTF-8 names the line and byte.
+    """
+    local_like = path.endswith((".jsonl", ".json", ".parquet")) or path.startswith((".", "/"))
+    if not os.path.isfile(path) and local_like:
+        raise FileNotFoundError(f"path: no such file {path!r}")
+    if os.path.isfile(path) and not path.endswith(".parquet"):
         rows: list[Any] = []
-        with open(path, encoding="utf-8") as f:
-            for i, line in enumerate(f):
+        labels: list[str] = []
+        with open(path, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ValueError(
+                        f"{path}: line {number}: not UTF-8 text (byte {err.start} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}: row {i}: malformed JSON ({err.msg})") from None
-        return path, rows
+                    raise ValueError(f"{path}: line {number}: malformed JSON ({err.msg})") from None
+                labels.append(f"line {number}")
+        return path, rows, labels
     if path.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"path: no such file {path!r}")
-        return path, [_strip_nulls(r) for r in pq.read_table(path).to_pylist()]
+        table = [_strip_nulls(r) for r in pq.read_table(path).to_pylist()]
+        return path, table, [f"row {i}" for i in range(len(table))]
     try:
         import datasets  # type: ignore[import-not-found]
     except ImportError as err:
@@ -79,7 +96,16 @@ def read_rows(
             "needs the optional 'hf' extra (pip install 'dew[hf]')"
         ) from err
     ds = datasets.load_dataset(path, split=split, **dict(options or {}))
-    return f"{path}[{split}]", [_strip_nulls(r) for r in ds]
+    hub = [_strip_nulls(r) for r in ds]
+    return f"{path}[{split}]", hub, [f"row {i}" for i in range(len(hub))]
+
+
+def read_rows(
+    path: str, split: str = "train", options: Mapping[str, Any] | None = None
+) -> tuple[str, list[Any]]:
+    """``(name for errors, list of raw rows)``: ``read_labeled_rows`` without the labels."""
+    name, rows, _ = read_labeled_rows(path, split, options)
+    return name, rows
 
 
 def conversation(raw: Any, column: str, where: str) -> Row:
@@ -118,6 +144,11 @@ def conversation(raw: Any, column: str, where: str) -> Row:
         except TypeError as err:
             raise ValueError(str(err)) from None
         content = m.get("content")
+        if content is None and not m.get("tool_calls"):
+            raise ValueError(
+                f"{where}: message {k} content is null (or missing); expected a string (only "
+                "an assistant message with tool_calls may leave it empty)"
+            )
         if content is not None and not isinstance(content, str):
             raise ValueError(
                 f"{where}: message {k} content should be a string, got {type(content).__name__}"
@@ -254,11 +285,11 @@ class ChatMessages:
 
     def encode(self, path: str, tokenizer: ChatTokenizer) -> list[tuple[np.ndarray, np.ndarray]]:
         """Every conversation of ``path`` as ``(ids, roles)``, checked against the row width."""
-        name, raw_rows = read_rows(path, self.split, self.options)
+        name, raw_rows, labels = read_labeled_rows(path, self.split, self.options)
         width = self.seq_len + 1
         docs = []
         for i, raw in enumerate(raw_rows):
-            where = f"{name}: row {i}"
+            where = f"{name}: {labels[i]}"
             messages, tools = conversation(raw, self.column, where)
             try:
                 ids, roles = render_roles(tokenizer, messages, tools, index=i)

@@ -1,0 +1,292 @@
+"""Run one ``dew train`` config: data, model, objective, optimizer, Trainer, export.
+
+``run_train(config)`` takes a checked ``TrainConfig`` (``dew.recipes.train_config``) and
+trains it in ``config.run.run_dir``. Everything that can be checked is checked before the
+first step: the data is read (every row), the model built and the run directory compared
+with the run it already holds. ``RUN_DIR/config.json`` is written only then, so a start that
+fails (a bad path, a bad value) leaves the directory free for the corrected command.
+
+A run directory that holds a checkpoint resumes from it; its ``config.json`` must agree on
+the kind, the model and the training data (validation data, step counts and the optimizer
+may change between runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dew.recipes.builder import build_model, build_optimizer
+from dew.recipes.schema import ConfigError
+from dew.recipes.train_config import TrainConfig
+
+
+@dataclass
+class Prepared:
+    """What a config resolves to before training."""
+
+    data: Any
+    objective: Any
+    rollout: Any
+    model: Any
+    vocab_size: int
+
+
+def _max_id(array: Any) -> int:
+    import numpy as np
+
+    return int(np.max(array)) if np.size(array) else -1
+
+
+def _lm_data(config: TrainConfig) -> tuple[Any, int, int]:
+    import numpy as np
+
+    from dew.data import TokenFile
+    from dew.data.tokens import open_tokens
+
+    d = config.data
+    ids = open_tokens(d.tokens, d.token_dtype)
+    if ids.size == 0:
+        raise ConfigError(f"data.tokens: {d.tokens!r} holds no tokens")
+    if np.issubdtype(ids.dtype, np.signedinteger):
+        negative = np.flatnonzero(ids < 0)
+        if negative.size:
+            at = int(negative[0])
+            raise ConfigError(
+                f"data.tokens: {d.tokens!r} holds a negative token id {int(ids[at])} at "
+                f"position {at}; expected ids >= 0"
+            )
+    largest = _max_id(ids)
+    vocab = config.model.vocab_size or largest + 1
+    if largest >= vocab:
+        at = int(np.flatnonzero(ids >= vocab)[0])
+        raise ConfigError(
+            f"data.tokens: {d.tokens!r} holds id {int(ids[at])} at position {at}, outside "
+            f"model.vocab_size {vocab}"
+        )
+    spec = TokenFile(d.tokens, d.seq_len, dtype=d.token_dtype, eos_id=d.eos_id,
+                     seed=config.run.seed, val_path=d.val_tokens, val_batches=d.val_batches)  # fmt: skip
+    return spec.load(batch=config.run.batch), vocab, d.seq_len + 1
+
+
+def _sft_data(config: TrainConfig) -> tuple[Any, int, int]:
+    from dew.data.chat import ChatMessages, Role
+    from dew.data.chat.messages import conversation, read_labeled_rows
+
+    d = config.data
+    spec = ChatMessages(d.path, d.tokenizer, d.seq_len, column=d.column, val_path=d.val_path,
+                        seed=config.run.seed)  # fmt: skip
+    tokenizer = spec.chat_tokenizer()
+    if not config.objective.all_tokens:
+        name, rows, labels = read_labeled_rows(d.path, spec.split, spec.options)
+        for index, raw in enumerate(rows):
+            where = f"{name}: {labels[index]}"
+            messages, _ = conversation(raw, d.column, where)
+            if not any(Role.parse(m["role"]) is Role.ASSISTANT for m in messages):
+                raise ConfigError(
+                    f"{where}: the conversation has no assistant turn, "
+                    "and SFT counts only assistant tokens (pass --all-tokens to count every token)"
+                )
+    return spec.load(config.run.batch), tokenizer.tokenizer.get_vocab_size(), d.seq_len + 1
+
+
+def _dpo_data(config: TrainConfig) -> tuple[Any, int, int]:
+    from dew.data.preference import PreferencePairs
+
+    d = config.data
+    options: dict[str, Any] = {"seq_len": d.seq_len, "seed": config.run.seed}
+    if d.tokenizer is not None:
+        options["tokenizer"] = d.tokenizer
+    pairs = PreferencePairs(d.path, **options)
+    val = PreferencePairs(d.val_path, **options) if d.val_path else None
+    vocab = _vocab(config, pairs, _max_id(pairs.arrays["input_ids"]))
+    return pairs.load(config.run.batch, val=val), vocab, d.seq_len
+
+
+def _grpo_data(config: TrainConfig) -> tuple[Any, int, int]:
+    from dew.data.prompts import Prompts
+
+    d = config.data
+    options: dict[str, Any] = {"max_prompt_len": d.max_prompt_len, "seed": config.run.seed}
+    if d.tokenizer is not None:
+        options["tokenizer"] = d.tokenizer
+    prompts = Prompts(d.path, **options)
+    val = Prompts(d.val_path, **options) if d.val_path else None
+    largest = _max_id(prompts.arrays["prompt"])
+    if d.tokenizer is None and config.model.vocab_size is None and config.model.pretrained is None:
+        raise ConfigError(
+            "model.vocab_size: required for GRPO on token-id prompts without data.tokenizer "
+            f"(the prompts' largest id is {largest})"
+        )
+    vocab = _vocab(config, prompts, largest)
+    width = d.max_prompt_len + config.objective.max_new_tokens
+    return prompts.load(config.run.batch, val=val), vocab, width
+
+
+def _generation_room(config: TrainConfig) -> int:
+    """The positions sampling uses: ``dew.inference`` pads the context and the response budget
+    each to a power of two (at least 16), so the model must cover their sum."""
+    from dew.inference.compiled import bucket
+
+    return bucket(config.data.max_prompt_len) + bucket(config.objective.max_new_tokens)
+
+
+def _vocab(config: TrainConfig, reader: Any, largest: int) -> int:
+    vocab = config.model.vocab_size
+    if vocab is None and config.data.tokenizer is not None:
+        from dew.data.chat.template import load_chat_tokenizer
+
+        vocab = load_chat_tokenizer(
+            config.data.tokenizer, "data.tokenizer"
+        ).tokenizer.get_vocab_size()
+    vocab = vocab or largest + 1
+    if largest >= vocab:
+        raise ConfigError(
+            f"data.path: {config.data.path!r} holds token id {largest}, outside the vocabulary "
+            f"of {vocab}"
+        )
+    return vocab
+
+
+def _reward(spec: str) -> Callable[..., float]:
+    import inspect
+    import sys
+
+    from dew.recipes.cli import load_reward
+
+    if os.getcwd() not in sys.path:  # ``--reward my_rewards:f`` finds ./my_rewards.py
+        sys.path.insert(0, os.getcwd())
+    fn = load_reward(spec, "objective.reward")
+    reward: Callable[..., float] = fn() if inspect.isclass(fn) else fn  # type: ignore[assignment]
+    return reward
+
+
+def prepare(config: TrainConfig) -> Prepared:
+    """Read the data, build the model, the objective and (GRPO) the rollout."""
+    readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data}
+    data, vocab, width = readers[config.kind](config)
+    room = width if config.kind != "grpo" else max(width, _generation_room(config))
+    model, pretrained = build_model(config.model, vocab_size=vocab, max_seq_len=room)
+    o = config.objective
+    rollout = None
+    if config.kind in ("lm", "sft"):
+        from dew.data.chat import Role
+        from dew.objectives.lm import LMObjective
+
+        loss_role = None if config.kind == "lm" or o.all_tokens else Role.ASSISTANT
+        objective: Any = LMObjective(model, width - 1, pretrained=pretrained,
+                                     loss_role=loss_role, ema_decay=o.ema_decay)  # fmt: skip
+    elif config.kind == "dpo":
+        from dew.objectives.rl.dpo import DPOObjective
+
+        objective = DPOObjective(model, width - 1, beta=o.beta, pretrained=pretrained)
+    else:
+        from dew.objectives.rl.grpo import GRPOObjective
+        from dew.objectives.rl.rollout import SampledRollout
+        from dew.sampling import Sampling
+
+        decode = None
+        eos = o.eos_id
+        if config.data.tokenizer is not None:
+            from dew.data.chat.template import load_chat_tokenizer
+
+            tok = load_chat_tokenizer(config.data.tokenizer, "data.tokenizer")
+            decode = tok.decode
+            if eos is None and tok.special.get("eos_token"):
+                eos = tok.tokenizer.token_to_id(tok.special["eos_token"])
+        objective = GRPOObjective(model, width - 1, beta=o.beta, pretrained=pretrained,
+                                  sampling_temperature=o.temperature)  # fmt: skip
+        rollout = SampledRollout(
+            objective,
+            _reward(o.reward),
+            groups=o.groups,
+            max_new_tokens=o.max_new_tokens,
+            sampling=Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=eos),
+            decode=decode,
+        )
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", vocab))
+    return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab)
+
+
+_SAME = ("kind", "model", "data")
+_MAY_CHANGE = ("val_path", "val_tokens", "val_batches")
+
+
+def check_run_dir(config: TrainConfig) -> None:
+    """Refuse a run directory whose checkpoints come from a run of other settings."""
+    from dew.trainer.checkpoint import list_checkpoints
+
+    run_dir = config.run.run_dir
+    path = os.path.join(run_dir, "config.json")
+    if not list_checkpoints(run_dir) or not os.path.exists(path):
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"run.run_dir: {path} is unreadable ({err})") from None
+    new = config.as_dict()
+    diffs = []
+    for name in _SAME:
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, dict) and isinstance(b, dict):
+            for key in sorted(set(a) | set(b)):
+                if key not in _MAY_CHANGE and a.get(key) != b.get(key):
+                    diffs.append(f"{name}.{key} {a.get(key)!r} -> {b.get(key)!r}")
+        elif a != b:
+            diffs.append(f"{name} {a!r} -> {b!r}")
+    if diffs:
+        raise ConfigError(
+            f"run.run_dir: {run_dir} holds a run started with other settings "
+            f"({'; '.join(diffs)}); use a new run directory"
+        )
+
+
+def write_config(config: TrainConfig) -> None:
+    """``RUN_DIR/config.json``, written atomically."""
+    run_dir = config.run.run_dir
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "config.json")
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(config.as_dict(), f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def run_train(config: TrainConfig) -> Any:
+    """Train ``config`` to ``config.run.steps`` (resuming when it can); the final state."""
+    import dataclasses
+
+    import jax
+
+    from dew.trainer import Trainer
+
+    prepared = prepare(config)
+    config = dataclasses.replace(
+        config, model=dataclasses.replace(config.model, vocab_size=prepared.vocab_size)
+    )
+    check_run_dir(config)
+    r = config.run
+    optimizer = build_optimizer(config.optimizer, config.schedule, steps=r.steps)
+    trainer = Trainer(prepared.objective, optimizer, key=jax.random.key(r.seed),
+                      rollout=prepared.rollout, microbatches=r.microbatches, fsdp=r.fsdp,
+                      checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
+                      tensorboard=r.tensorboard, progress=r.progress)  # fmt: skip
+    write_config(config)
+    state = trainer.fit(prepared.data, steps=r.steps, log_every=r.log_every,
+                        eval_every=r.eval_every, run_dir=r.run_dir)  # fmt: skip
+    if r.export:
+        from dew import models
+
+        family = None if config.model.pretrained else config.model.name
+        models.Pretrained.from_model(prepared.model, jax.device_get(state.params),
+                                     family=family).save(r.export, dtype=r.export_dtype)  # fmt: skip
+    return state
+
+
+__all__ = ["Prepared", "check_run_dir", "prepare", "run_train", "write_config"]

@@ -1,0 +1,254 @@
+"""The config of one ``dew train`` run: sections, their keys and the checks run before training.
+
+A train config has seven sections (``kind`` picks the ``data`` and ``objective`` keys)::
+
+    kind: sft                       # lm, sft, dpo or grpo
+    run:       {run_dir: runs/sft, steps: 1000, batch: 8, log_every: 10, ...}   RunConfig
+    model:     {name: qwen3, emb_features: 256, ...}       dew.recipes.builder.ModelConfig
+    optimizer: {name: adamw, learning_rate: 3e-4, ...}     dew.recipes.builder.OptimizerConfig
+    schedule:  {kind: cosine, warmup_steps: 100}           dew.recipes.builder.ScheduleConfig
+    data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
+    objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
+
+``train_config(mapping, kind)`` checks every key and value (unknown keys are refused naming
+the nearest valid one) and every local path, and returns a ``TrainConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from dew.recipes.builder import (
+    ModelConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    model_config,
+    optimizer_config,
+    schedule_config,
+)
+from dew.recipes.schema import ConfigError, positive, section, unknown_key
+
+KINDS = ("lm", "sft", "dpo", "grpo")
+SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Where and how long to train; see ``dew train lm --help`` for each key."""
+
+    run_dir: str
+    steps: int
+    batch: int = 8
+    microbatches: int = 1
+    fsdp: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int | None = None
+    checkpoint_every: int = 100
+    keep: int = 3
+    tensorboard: bool = False
+    export: str | None = None
+    export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch", "microbatches", "log_every", "eval_every",
+                     "checkpoint_every", "keep"):  # fmt: skip
+            positive(getattr(self, name), f"run.{name}")
+        if self.batch % self.microbatches:
+            raise ConfigError(
+                f"run.microbatches: {self.microbatches} does not divide run.batch {self.batch}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class LMData:
+    """A flat token file (``.npy`` or raw ids of ``token_dtype``); ``seq_len`` ids predicted."""
+
+    tokens: str
+    seq_len: int = 256
+    token_dtype: Literal["uint8", "uint16", "int32", "uint32", "int64"] = "uint16"
+    eos_id: int | None = None
+    val_tokens: str | None = None
+    val_batches: int | None = None
+
+    def __post_init__(self) -> None:
+        positive(self.seq_len, "data.seq_len")
+        positive(self.eos_id, "data.eos_id", allow_zero=True)
+        positive(self.val_batches, "data.val_batches")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTData:
+    """Conversations (``.jsonl``, ``.parquet`` or a Hub id) and a tokenizer with a template."""
+
+    path: str
+    tokenizer: str
+    seq_len: int = 256
+    column: str = "messages"
+    val_path: str | None = None
+
+    def __post_init__(self) -> None:
+        positive(self.seq_len, "data.seq_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOData:
+    """Preference pairs; ``seq_len`` is the whole row width S (prompt and completion)."""
+
+    path: str
+    seq_len: int = 256
+    tokenizer: str | None = None
+    val_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 2:
+            raise ConfigError(f"data.seq_len: expected an integer >= 2, got {self.seq_len!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOData:
+    """Prompts with ``ground_truth``; ``max_prompt_len`` is the prompt width P."""
+
+    path: str
+    max_prompt_len: int = 64
+    tokenizer: str | None = None
+    val_path: str | None = None
+
+    def __post_init__(self) -> None:
+        positive(self.max_prompt_len, "data.max_prompt_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMObjectiveConfig:
+    """``ema_decay``: keep a moving average of the weights; ``all_tokens`` (SFT): count every
+    token in the loss, not only the assistant's."""
+
+    ema_decay: float | None = None
+    all_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ConfigError(
+                f"objective.ema_decay: expected a number in (0, 1), got {self.ema_decay!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class DPOObjectiveConfig:
+    """``beta``: the preference scale."""
+
+    beta: float = 0.1
+
+    def __post_init__(self) -> None:
+        positive(self.beta, "objective.beta")
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOObjectiveConfig:
+    """The rollout and loss of GRPO: ``reward`` is ``module:function`` (or a class, made with
+    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient."""
+
+    reward: str = "dew.rewards:MathReward"
+    groups: int = 4
+    max_new_tokens: int = 16
+    beta: float = 0.0
+    temperature: float = 1.0
+    top_k: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.groups < 2:
+            raise ConfigError(
+                f"objective.groups: expected an integer >= 2 (a group of one has no baseline), "
+                f"got {self.groups!r}"
+            )
+        positive(self.max_new_tokens, "objective.max_new_tokens")
+        positive(self.beta, "objective.beta", allow_zero=True)
+        positive(self.temperature, "objective.temperature")
+        positive(self.top_k, "objective.top_k")
+        positive(self.eos_id, "objective.eos_id", allow_zero=True)
+
+
+DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData}
+OBJECTIVES = {"lm": LMObjectiveConfig, "sft": LMObjectiveConfig, "dpo": DPOObjectiveConfig,
+              "grpo": GRPOObjectiveConfig}  # fmt: skip
+PATH_KEYS = {"data": ("tokens", "val_tokens", "path", "val_path", "tokenizer"),
+             "model": ("pretrained",), "run": ("run_dir", "export")}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A checked ``dew train`` config (see the module docstring)."""
+
+    kind: str
+    run: RunConfig
+    model: ModelConfig
+    optimizer: OptimizerConfig
+    schedule: ScheduleConfig
+    data: Any
+    objective: Any
+
+    def as_dict(self) -> dict[str, Any]:
+        """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds)."""
+        return dataclasses.asdict(self)
+
+
+def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
+    """Check ``mapping`` as a config of ``kind`` and return it typed; errors name the key."""
+    if kind not in KINDS:
+        raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    for key in mapping:
+        if key not in SECTIONS:
+            raise unknown_key("", str(key), SECTIONS)
+    if mapping.get("kind", kind) != kind:
+        raise ConfigError(
+            f"kind: the config is for {mapping['kind']!r} but the command is 'dew train {kind}'"
+        )
+    if kind == "lm":
+        objective = mapping.get("objective") or {}
+        if isinstance(objective, Mapping) and objective.get("all_tokens"):
+            raise ConfigError("objective.all_tokens: only 'dew train sft' takes it")
+    from dew.recipes.cli import local_path
+
+    config = TrainConfig(
+        kind=kind,
+        run=section(RunConfig, mapping.get("run"), "run"),
+        model=model_config(mapping.get("model")),
+        optimizer=optimizer_config(mapping.get("optimizer")),
+        schedule=schedule_config(mapping.get("schedule")),
+        data=section(DATA[kind], mapping.get("data"), "data"),
+        objective=section(OBJECTIVES[kind], mapping.get("objective"), "objective"),
+    )
+    for name in ("data", "model"):
+        part = getattr(config, name)
+        changes = {}
+        for key in PATH_KEYS[name]:
+            value = getattr(part, key, None)
+            if isinstance(value, str):
+                changes[key] = local_path(value, _cwd(), f"{name}.{key}")
+        config = dataclasses.replace(config, **{name: dataclasses.replace(part, **changes)})
+    return config
+
+
+def _cwd() -> Any:
+    from pathlib import Path
+
+    return Path.cwd()
+
+
+__all__ = [
+    "KINDS",
+    "DPOData",
+    "DPOObjectiveConfig",
+    "GRPOData",
+    "GRPOObjectiveConfig",
+    "LMData",
+    "LMObjectiveConfig",
+    "RunConfig",
+    "SFTData",
+    "TrainConfig",
+    "train_config",
+]

@@ -1,0 +1,368 @@
+"""Bad input: each case gets one error line naming where (file, line, key or flag) and what
+was expected, from the command line, the config files, the readers and the Python API."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _chat_tokenizer import build_tokenizer
+
+from dew.cli import main
+from dew.data import PreferencePairs, Prompts, open_tokens
+from dew.data.chat import ChatMessages
+
+TINY = ["--emb-features", "16", "--layers", "1", "--heads", "2", "--mlp-features", "32",
+        "--batch", "4", "--log-every", "1"]  # fmt: skip
+GOOD_CHAT = {"messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": "hello"}]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    base = tmp_path_factory.mktemp("errors")
+    tok = build_tokenizer(str(base / "tok"))
+    np.arange(1, 200, dtype=np.uint16).tofile(base / "tokens.bin")
+    (base / "chat.jsonl").write_text(json.dumps(GOOD_CHAT) + "\n")
+    (base / "rewards_err.py").write_text("VALUE = 3\n")
+    return base, tok
+
+
+def error_line(capsys, argv, code=1):
+    """Run ``dew argv``; return its only stderr line (no traceback, the expected status)."""
+    try:
+        status = main(argv)
+    except SystemExit as done:
+        status = done.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == code, err
+    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def lm(work, *extra):
+    base, _ = work
+    return ["train", "lm", "--tokens", str(base / "tokens.bin"), "--run-dir",
+            str(base / "lm-run"), "--steps", "2", "--seq-len", "8", *TINY, *extra]  # fmt: skip
+
+
+def sft(work, data, *extra):
+    base, tok = work
+    return ["train", "sft", "--data", str(data), "--tokenizer", tok, "--run-dir",
+            str(base / "sft-run"), "--steps", "2", *TINY, *extra]  # fmt: skip
+
+
+def write(path: Path, rows) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+# ----------------------------------------------------------------------- flags and keys
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--steps", "-3"], "dew: error: run.steps: expected a number > 0, got -3"),
+        (["--lr=-1e-3"], "dew: error: optimizer.learning_rate: expected a number > 0, got -0.001"),
+        (["--set", "optimizer.learning_rat=1e-5"],
+         "dew: error: optimizer.learning_rat: unknown key; did you mean 'learning_rate'?"),
+        (["--set", "optimiser.learning_rate=1e-5"], "dew: error: optimiser: unknown key; did you mean 'optimizer'?"),
+        (["--set", "optimizer"], "dew: error: --set 'optimizer': expected KEY.PATH=VALUE"),
+        (["--schedule", "cosin"], "dew: error: schedule.kind: expected one of constant, cosine, linear, got 'cosin'"),
+        (["--schedule", "cosine", "--warmup", "2"],
+         "dew: error: schedule.warmup_steps: 2 leaves no steps to decay over (decay_steps 2); expected fewer warmup steps"),
+        (["--microbatches", "3"], "dew: error: run.microbatches: 3 does not divide run.batch 4"),
+        (["--ema-decay", "1.5"], "dew: error: objective.ema_decay: expected a number in (0, 1), got 1.5"),
+        (["--optimizer", "adam", "--weight-decay", "0.1"], "dew: error: optimizer.weight_decay: only adamw decays weights"),
+        (["--set", "objective.all_tokens=true"], "dew: error: objective.all_tokens: only 'dew train sft' takes it"),
+        (["--pretrained", "./no-such-model"], "dew: error: model.pretrained: no such file or directory"),
+        (["--vocab-size", "10"], "dew: error: data.tokens: "),
+        (["--set", "run.batch=four"], "dew: error: run.batch: expected an integer, got 'four'"),
+        (["--layers", "0"], "dew: error: model.num_layers: expected a number > 0, got 0"),
+        (["--export-dtype", "int8"], "dew: error: run.export_dtype: expected one of bfloat16, float32, float16, got 'int8'"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_one_line_naming_the_key(work, capsys, extra, message):
+    line = error_line(capsys, lm(work, *extra))
+    assert line.startswith(message), line
+
+
+def test_token_id_outside_the_vocabulary_names_the_position(work, capsys):
+    line = error_line(capsys, lm(work, "--vocab-size", "10"))
+    assert "holds id 10 at position 9, outside model.vocab_size 10" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "lm", "--steps", "2", "--tokens", "t.bin"], "dew: error: --run-dir (run.run_dir): required, missing"),
+        (["train", "lm", "--steps", "2", "--run-dir", "r"], "dew: error: --tokens (data.tokens): required, missing"),
+        (["train", "sft", "--data", "c.jsonl", "--steps", "1", "--run-dir", "r"],
+         "dew: error: --tokenizer (data.tokenizer): required, missing"),
+    ],
+)  # fmt: skip
+def test_missing_required_flags(capsys, argv, message):
+    assert error_line(capsys, argv) == message
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "lm", "--lrr", "1"], "dew train lm: error: unrecognized arguments: --lrr 1; did you mean --lr? (see 'dew train lm --help')"),
+        (["train", "lm", "--steps", "ten"], "dew train lm: error: argument --steps: invalid int value: 'ten' (see 'dew train lm --help')"),
+        (["train", "ppo"], "dew train: error: argument KIND: invalid choice: 'ppo'"),
+    ],
+)  # fmt: skip
+def test_bad_command_lines_are_one_line(capsys, argv, message):
+    assert error_line(capsys, argv, code=2).startswith(message)
+
+
+# ----------------------------------------------------------------------- paths and files
+def test_mistyped_local_path_is_a_missing_file_not_a_hub_id(work, capsys):
+    base, tok = work
+    line = error_line(capsys, sft(work, base / "chat.jsnl"))
+    assert line == f"dew: error: path: no such file {str(base / 'chat.jsnl')!r}" or (
+        "no such file or directory" in line and "chat.jsnl" in line
+    ), line
+    line = error_line(capsys, sft(work, base / "chat.jsonl", "--tokenizer", str(base / "tokk")))
+    assert line == f"dew: error: data.tokenizer: no such file or directory {str(base / 'tokk')!r}"
+    line = error_line(capsys, ["train", "lm", "--tokens", "./tokns.bin", "--run-dir", "r",
+                               "--steps", "1"])  # fmt: skip
+    assert (
+        line.startswith("dew: error: data.tokens: no such file or directory")
+        and "tokns.bin" in line
+    )
+
+
+def test_empty_and_odd_sized_token_files_name_the_file(work, capsys, tmp_path):
+    (tmp_path / "empty.bin").write_bytes(b"")
+    (tmp_path / "odd.bin").write_bytes(b"\x01\x00\x02")
+    line = error_line(capsys, ["train", "lm", "--tokens", str(tmp_path / "empty.bin"),
+                               "--run-dir", str(tmp_path / "r"), "--steps", "1"])  # fmt: skip
+    assert (
+        line
+        == f"dew: error: tokens {str(tmp_path / 'empty.bin')!r}: the file is empty; expected uint16 token ids"
+    )
+    line = error_line(capsys, ["train", "lm", "--tokens", str(tmp_path / "odd.bin"),
+                               "--run-dir", str(tmp_path / "r"), "--steps", "1"])  # fmt: skip
+    assert line == (
+        f"dew: error: tokens {str(tmp_path / 'odd.bin')!r}: 3 bytes is not a whole number of "
+        "uint16 ids (2 bytes each); the last id is cut off at byte 2"
+    )
+
+
+def test_negative_token_ids_name_the_position(capsys, tmp_path):
+    np.save(tmp_path / "neg.npy", np.array([3, 4, -5, 6], np.int32))
+    line = error_line(capsys, ["train", "lm", "--tokens", str(tmp_path / "neg.npy"),
+                               "--run-dir", str(tmp_path / "r"), "--steps", "1"])  # fmt: skip
+    assert line.endswith("holds a negative token id -5 at position 2; expected ids >= 0")
+
+
+def test_failed_start_does_not_block_the_run_directory(work, capsys):
+    base, _ = work
+    run_dir = base / "blocked"
+    bad = ["train", "lm", "--tokens", str(base / "missing.bin"), "--run-dir", str(run_dir),
+           "--steps", "1", *TINY]  # fmt: skip
+    assert "no such file" in error_line(capsys, bad)
+    assert not (run_dir / "config.json").exists()
+    bad_model = ["train", "lm", "--tokens", str(base / "tokens.bin"), "--run-dir",
+                 str(run_dir), "--steps", "1", *TINY, "--vocab-size", "5"]  # fmt: skip
+    assert "outside model.vocab_size 5" in error_line(capsys, bad_model)
+    good = ["train", "lm", "--tokens", str(base / "tokens.bin"), "--run-dir", str(run_dir),
+            "--steps", "1", "--seq-len", "8", *TINY, "--layers", "1"]  # fmt: skip
+    assert main(good) == 0
+    assert "trained to step 1" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------- chat rows
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([GOOD_CHAT, {"messages": [{"role": "user", "content": "hi"},
+                                   {"role": "assistant", "content": None}]}],
+         "bad.jsonl: line 2: message 1 content is null (or missing); expected a string"),
+        ([GOOD_CHAT, {"messages": [{"role": "user", "content": "only a question"}]}],
+         "bad.jsonl: line 2: the conversation has no assistant turn, and SFT counts only assistant tokens"),
+        ([GOOD_CHAT, "", '{"messages": ['], "bad.jsonl: line 3: malformed JSON"),
+        ([GOOD_CHAT, {"messages": [{"role": "wizard", "content": "x"}]}],
+         "bad.jsonl: line 2: message 0 role: unknown role 'wizard'"),
+    ],
+)  # fmt: skip
+def test_bad_conversations_name_the_line(work, capsys, tmp_path, rows, message):
+    path = write(tmp_path / "bad.jsonl", rows)
+    line = error_line(capsys, sft(work, path))
+    assert message in line and str(tmp_path) in line, line
+
+
+def test_non_utf8_conversations_name_line_and_byte(work, capsys, tmp_path):
+    path = tmp_path / "latin.jsonl"
+    path.write_bytes(json.dumps(GOOD_CHAT).encode() + b'\n{"messages": "caf\xe9"}\n')
+    line = error_line(capsys, sft(work, path))
+    assert line == f"dew: error: {path}: line 2: not UTF-8 text (byte 17 of the line)"
+
+
+# ----------------------------------------------------------------------- DPO and GRPO
+def test_dpo_rows(work, capsys, tmp_path):
+    base, tok = work
+    text = write(tmp_path / "text.jsonl", [{"prompt": "a", "chosen": "b", "rejected": "c"}])
+    line = error_line(capsys, ["train", "dpo", "--data", str(text), "--run-dir",
+                               str(tmp_path / "r"), "--steps", "1"])  # fmt: skip
+    assert line == (f"dew: error: {text}: line 1: chosen/rejected are text, which needs "
+                    "tokenizer= (a tokenizer directory with a chat template)")  # fmt: skip
+    half = write(tmp_path / "half.jsonl", [{"prompt": "a", "chosen": "b"}])
+    line = error_line(capsys, ["train", "dpo", "--data", str(half), "--tokenizer", tok,
+                               "--run-dir", str(tmp_path / "r"), "--steps", "1"])  # fmt: skip
+    assert line == f"dew: error: {half}: line 1: missing field 'rejected'"
+
+
+def test_grpo_settings(work, capsys, tmp_path):
+    base, tok = work
+    prompts = write(tmp_path / "p.jsonl", [{"prompt": [1, 2, 3], "ground_truth": "4"}])
+    argv = ["train", "grpo", "--data", str(prompts), "--run-dir", str(tmp_path / "r"),
+            "--steps", "1"]  # fmt: skip
+    assert error_line(capsys, [*argv, "--groups", "1"]).startswith(
+        "dew: error: objective.groups: expected an integer >= 2 (a group of one has no baseline), got 1"
+    )
+    assert error_line(capsys, argv).startswith(
+        "dew: error: model.vocab_size: required for GRPO on token-id prompts without data.tokenizer"
+    )
+    os.chdir(base)
+    for reward, message in [
+        ("nope", "objective.reward: expected 'module:function', got 'nope'"),
+        ("no_such_module_x:f", "objective.reward: cannot import module 'no_such_module_x'"),
+        ("rewards_err:score", "objective.reward: module 'rewards_err' has no attribute 'score'"),
+        ("rewards_err:VALUE", "objective.reward: 'rewards_err:VALUE' is not callable"),
+    ]:
+        line = error_line(capsys, [*argv, "--vocab-size", "16", "--reward", reward])
+        assert line.startswith(f"dew: error: {message}"), line
+
+
+# ----------------------------------------------------------------------- config files
+def test_config_file_errors(work, capsys, tmp_path):
+    base, _ = work
+    cases = [
+        (
+            "optimiser:\n  learning_rate: 1e-3\n",
+            "optimiser: unknown key; did you mean 'optimizer'?",
+        ),
+        ("kind: sft\n", "kind: the config is for 'sft' but the command is 'dew train lm'"),
+        ("optimizer:\n  learning_rate: [1e-3\n", "c.yaml: line 3: malformed YAML"),
+        ("run: [1, 2]\n", "run: expected a mapping of keys, got [1, 2]"),
+        ("model:\n  num_layer: 2\n", "model.num_layer: unknown key; did you mean 'num_layers'?"),
+    ]
+    for text, message in cases:
+        (tmp_path / "c.yaml").write_text(text)
+        line = error_line(capsys, ["train", "lm", "--config", str(tmp_path / "c.yaml"),
+                                   "--tokens", str(base / "tokens.bin"), "--steps", "1",
+                                   "--run-dir", str(tmp_path / "r")])  # fmt: skip
+        assert message in line, line
+
+
+def test_chain_config_is_checked_before_any_stage_trains(work, capsys, tmp_path):
+    base, tok = work
+    stage = {"name": "sft", "steps": 1,
+             "data": {"type": "ChatMessages", "path": str(base / "chat.jsonl"),
+                      "tokenizer": tok, "seq_len": 31}}  # fmt: skip
+    config = {"output": str(tmp_path / "out"), "batch": 2,
+              "model": {"name": "causal_transformer", "vocab_size": 420, "emb_features": 16,
+                        "num_layers": 1, "num_heads": 2, "mlp_features": 32,
+                        "max_seq_len": 32}}  # fmt: skip
+    cases = [
+        ([stage, {**stage, "name": "b", "step": 1}], "stages.1.step: unknown key; did you mean 'steps'?"),
+        ([stage, {**stage, "name": "b", "data": {**stage["data"], "type": "Chat"}}],
+         "stages.1.data.type: expected one of ChatMessages, PreferencePairs, Prompts, got 'Chat'"),
+        ([stage, {**stage, "name": "b", "data": {**stage["data"], "path": "./nope.jsonl"}}],
+         "stages.1.data.path: no such file or directory"),
+        ([stage, {**stage, "name": "b", "data": {**stage["data"], "seq_length": 3}}],
+         "stages.1.data.seq_length: unknown key; did you mean 'seq_len'?"),
+        ([stage, {**stage, "name": "b", "optimizer": {"learning_rate": -1}}],
+         "stages.1.optimizer.learning_rate: expected a number > 0, got -1"),
+    ]  # fmt: skip
+    for stages, message in cases:
+        (tmp_path / "chain.json").write_text(json.dumps({**config, "stages": stages}))
+        line = error_line(capsys, ["chain", str(tmp_path / "chain.json")])
+        assert message in line, line
+        assert not (tmp_path / "out" / "sft" / "checkpoints").exists()
+    (tmp_path / "chain.json").write_text(json.dumps({**config, "stages": [stage], "outptu": "x"}))
+    line = error_line(capsys, ["chain", str(tmp_path / "chain.json")])
+    assert "outptu: unknown key; did you mean 'output'?" in line
+
+
+# ----------------------------------------------------------------------- --debug
+def test_debug_shows_the_traceback_and_plain_runs_do_not(tmp_path):
+    argv = [sys.executable, "-m", "dew.cli", "train", "lm", "--tokens",
+            str(tmp_path / "none.bin"), "--run-dir", str(tmp_path / "r"), "--steps", "1"]  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    plain = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert plain.returncode == 1
+    assert plain.stderr.strip().splitlines() == [
+        f"dew: error: data.tokens: no such file or directory {str(tmp_path / 'none.bin')!r}"
+    ]
+    debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=env,
+                           timeout=120)  # fmt: skip
+    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    assert "ConfigError: data.tokens: no such file or directory" in debug.stderr
+
+
+# ----------------------------------------------------------------------- the Python API
+def test_preference_pairs_api_errors(tmp_path):
+    with pytest.raises(
+        TypeError,
+        match=r"PreferencePairs row 0: chosen must be a string like rejected, got a list of token ids",
+    ):
+        PreferencePairs(records=(json.dumps({"chosen": [1, 2], "rejected": "x"}),), seq_len=8)
+    with pytest.raises(
+        ValueError,
+        match=r"PreferencePairs row 0: chosen/rejected are messages, which needs tokenizer=",
+    ):
+        PreferencePairs(records=(json.dumps({"chosen": [{"role": "assistant", "content": "a"}],
+                                             "rejected": [{"role": "assistant", "content": "b"}]}),),
+                        seq_len=8)  # fmt: skip
+    path = write(tmp_path / "pairs.jsonl", [{"chosen": [1, 2], "rejected": [1, 3]}, "",
+                                            {"chosen": [1, -2], "rejected": [1, 3]}])  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"pairs.jsonl: line 3: chosen must hold non-negative ids, got -2"
+    ):
+        PreferencePairs(path, seq_len=8)
+    with pytest.raises(FileNotFoundError, match=r"path: no such file '.*missing.jsonl'"):
+        PreferencePairs(tmp_path / "missing.jsonl", seq_len=8)
+
+
+def test_conversation_pairs_without_an_assistant_answer(work, tmp_path):
+    _, tok = work
+    row = {"prompt": [{"role": "user", "content": "q"}],
+           "chosen": [{"role": "user", "content": "a"}],
+           "rejected": [{"role": "assistant", "content": "b"}]}  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 0: chosen: the completion has no assistant message"):
+        PreferencePairs(records=(json.dumps(row),), seq_len=64, tokenizer=tok)
+
+
+def test_prompts_name_the_file_line(tmp_path):
+    path = write(tmp_path / "p.jsonl", [{"prompt": [1, 2]}, "", {"prompt": [1, -3]}])
+    with pytest.raises(ValueError, match=r"p.jsonl: line 3: prompt holds a negative token id"):
+        Prompts(path, max_prompt_len=4)
+
+
+def test_chat_messages_api_null_content(work, tmp_path):
+    _, tok = work
+    path = write(tmp_path / "c.jsonl", [{"messages": [{"role": "user", "content": None},
+                                                      {"role": "assistant", "content": "x"}]}])  # fmt: skip
+    with pytest.raises(ValueError, match=r"c.jsonl: line 1: message 0 content is null"):
+        ChatMessages(str(path), tok, seq_len=32).load(batch=1)
+
+
+def test_open_tokens_api(tmp_path):
+    (tmp_path / "odd.bin").write_bytes(b"\x00" * 5)
+    with pytest.raises(ValueError, match=r"5 bytes is not a whole number of uint32 ids"):
+        open_tokens(tmp_path / "odd.bin", "uint32")
+    with pytest.raises(
+        ValueError, match=r"token dtype: expected a numpy integer dtype, got 'int77'"
+    ):
+        (tmp_path / "a.bin").write_bytes(b"\x00\x00")
+        open_tokens(tmp_path / "a.bin", "int77")
