@@ -210,6 +210,30 @@ def run(run_dir: str, settings: Settings, progress: bool | None = None) -> dict[
     return summary
 
 
+def quickstart(
+    run_dir: str, seed: int = 0, steps: float = 1.0, progress: bool | None = None
+) -> int:
+    """What ``dew quickstart --flow`` runs (the ``flow`` entry point of ``dew.quickstart``).
+
+    A ``run_dir`` whose ``summary.json`` is complete for the same settings is only reported.
+    Returns the exit status.
+    """
+    settings = Settings(seed=seed).scaled(steps)
+    path = os.path.join(run_dir, "summary.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            done = json.load(f)
+        if done.get("complete") and done.get("settings") == dataclasses.asdict(settings):
+            print(f"dew quickstart --flow: {run_dir} is complete; nothing to train.")
+            print(
+                f"held-out {settings.colour} share {done['held_out_reward_before']:.3f} -> "
+                f"{done['held_out_reward_after']:.3f}; grid: {os.path.join(run_dir, done['grid'])}"
+            )
+            return 0
+    run(run_dir, settings, progress)
+    return 0
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default="dew-flow-quickstart", help="where outputs go")
     parser.add_argument("--seed", type=int, default=0)
@@ -227,4 +251,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["HELD_OUT", "RL_LABELS", "Settings", "main", "mean_reward", "run"]
+__all__ = ["HELD_OUT", "RL_LABELS", "Settings", "main", "mean_reward", "quickstart", "run"]

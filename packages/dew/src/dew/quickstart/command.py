@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "dew-sandbox fleet (needs dew-sandbox installed)",
     )
     parser.add_argument(
+        "--flow",
+        action="store_true",
+        help="instead of the language-model stages, train a small image DiT by flow matching "
+        "and then Flow-GRPO, writing RUN_DIR/flow (needs dew-flow installed)",
+    )
+    parser.add_argument(
         "--progress",
         choices=("auto", "on", "off"),
         default="auto",
@@ -255,6 +261,11 @@ def run_command(args: argparse.Namespace) -> int:
     from dew.quickstart.report import read_json, table
 
     run_dir = os.path.abspath(args.run_dir)
+    progress = {"auto": None, "on": True, "off": False}[args.progress]
+    if getattr(args, "flow", False):
+        from dew.quickstart.plugins import load_flow
+
+        return int(load_flow()(os.path.join(run_dir, "flow"), args.seed, args.steps, progress))
     settings = Settings.for_size(args.size, steps=args.steps, seed=args.seed, code=args.code)
     summary_path = os.path.join(run_dir, SUMMARY)
     if os.path.isfile(summary_path):
@@ -263,7 +274,6 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"dew quickstart: {run_dir} is complete; nothing to train.")
             print(table(summary["stages"]))
             return 0
-    progress = {"auto": None, "on": True, "off": False}[args.progress]
     run(settings, run_dir, progress)
     return 0
 
