@@ -212,3 +212,11 @@ def test_settings_record_the_code_stage() -> None:
     assert plain.code is False and code.code is True
     assert code.code_steps == 2 * plain.code_steps
     assert plain.as_dict() != code.as_dict()
+
+
+def test_flow_without_the_flow_distribution_says_what_to_install(monkeypatch) -> None:
+    import dew.quickstart.plugins as plugins
+
+    monkeypatch.setattr(plugins, "entry_points", lambda **_: ())
+    with pytest.raises(SystemExit, match="install the dew-flow distribution"):
+        main(["--flow", "--run-dir", "unused"])
