@@ -567,10 +567,9 @@ def test_two_updates_train_policy_and_critic_and_keep_the_reference() -> None:
         )
         assert min(jax.tree.leaves(moved)) > 0, part
     assert error(after) < error(before)
-    reference = jax.device_get(state.ema)
-    np.testing.assert_array_equal(
-        obj.policy_variables(reference)["params"]["table"], EPISODES["policy_table"]
-    )
+    reference = jax.device_get(state.ema)  # the frozen reference holds the policy only
+    assert set(reference) == {"params"} and set(reference["params"]) == {"table"}
+    np.testing.assert_array_equal(reference["params"]["table"], EPISODES["policy_table"])
 
 
 # ---------------------------------------------------------------- PPORollout
@@ -698,3 +697,16 @@ def test_ppo_trains_on_sampled_episodes_through_the_trainer() -> None:
     # the sampler's raw likelihoods are the policy's own log-probs of the packed ids
     rescored = np.asarray(obj.packed_log_probs(seen["variables"], batch))
     np.testing.assert_allclose(batch["old_log_probs"][keep], rescored[keep], atol=1e-5)
+
+
+def test_a_partial_reference_needs_a_frozen_one() -> None:
+    from dew.trainer.step import make_init
+
+    class Moving:
+        ema_decay = 0.99
+
+        def reference_variables(self, variables: Any) -> Any:
+            return variables
+
+    with pytest.raises(ValueError, match="a partial reference needs ema_decay 1.0"):
+        make_init(Moving(), optax.sgd(0.1))  # type: ignore[arg-type]

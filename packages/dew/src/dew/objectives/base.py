@@ -21,7 +21,9 @@ EMA rule (``ema_decay``):
 - a float in ``(0, 1)``: a moving average ``ema = decay * ema + (1 - decay) * params`` updated
   after every optimizer update (the SFT default).
 
-The reference passed to ``loss`` is ``TrainState.ema`` (or ``None``).
+The reference passed to ``loss`` is ``TrainState.ema`` (or ``None``). An objective with a
+frozen reference may define ``reference_variables(variables)`` to keep only part of the tree
+there (PPO keeps its policy subtree, not the critic).
 """
 
 from __future__ import annotations

@@ -126,11 +126,27 @@ def make_step(
     return step
 
 
+def reference_selector(objective: Objective) -> Callable[[Any], Any]:
+    """What ``TrainState.ema`` keeps: the whole variables, or, for a frozen reference
+    (``ema_decay == 1.0``) of an objective with ``reference_variables(variables)``, only that
+    part (PPO keeps the policy, not the critic). A moving average needs the whole tree."""
+    select = getattr(objective, "reference_variables", None)
+    if select is None:
+        return lambda variables: variables
+    if objective.ema_decay not in (None, 1.0):
+        raise ValueError(
+            f"objective.reference_variables: a partial reference needs ema_decay 1.0 (frozen) or "
+            f"None, got {objective.ema_decay!r}"
+        )
+    return select
+
+
 def make_init(
     objective: Objective, optimizer: optax.GradientTransformation
 ) -> Callable[[Any, jax.Array], TrainState]:
     """``(variables, rng) -> TrainState``: optimizer state and EMA for given variables."""
     decay = objective.ema_decay
+    reference_of = reference_selector(objective)
 
     def init(variables: Any, rng: jax.Array) -> TrainState:
         if not isinstance(variables, dict) or "params" not in variables:
@@ -139,7 +155,7 @@ def make_init(
                 f"got {type(variables).__name__} with keys {list(getattr(variables, 'keys', list)())}"
             )
         variables = dict(variables)
-        ema = None if decay is None else jax.tree.map(jnp.array, variables)
+        ema = None if decay is None else jax.tree.map(jnp.array, reference_of(variables))
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             updates=jnp.zeros((), jnp.int32),

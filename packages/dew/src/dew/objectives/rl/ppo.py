@@ -153,7 +153,8 @@ class PPOObjective:
       value_clip: predictions are clipped to ``old_values +- value_clip`` (verl
         ``cliprange_value``), > 0.
       beta: coefficient of the k3 KL to the frozen policy reference; ``> 0`` keeps the
-        starting variables in ``TrainState.ema`` and reads only their policy subtree.
+        starting policy subtree (``reference_variables``) in ``TrainState.ema``; the critic
+        has no reference.
       pretrained: full policy variables (``{"params": ...}``) the policy starts from.
       critic_pretrained: full critic variables the critic starts from.
       epsilon_low, epsilon_high: PPO clip range ``[1 - low, 1 + high]``.
@@ -278,6 +279,17 @@ class PPOObjective:
         """The policy's own variables (``{"params": policy}``) out of a PPO variables tree."""
         return _split(variables, POLICY)
 
+    def reference_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """What the Trainer keeps as the frozen reference: the policy subtree only."""
+        return self.policy_variables(variables)
+
+    def _as_policy(self, variables: Mapping[str, Any]) -> dict[str, Any]:
+        """The policy variables of a whole PPO tree, or a policy-only tree as it is."""
+        params = variables["params"] if "params" in variables else None
+        if hasattr(params, "keys") and POLICY in params:
+            return self.policy_variables(variables)
+        return dict(variables)
+
     def policy(self, variables: Mapping[str, Any]) -> Any:
         """A sampling policy over the policy subtree of ``variables``, for ``EpisodeRollout``.
 
@@ -359,7 +371,12 @@ class PPOObjective:
         log_probs = self.packed_log_probs(variables, batch)
         ref_log_probs = None
         if self.beta > 0:
-            ref_log_probs = jax.lax.stop_gradient(self.packed_log_probs(reference, batch))
+            assert reference is not None
+            ref_log_probs = jax.lax.stop_gradient(
+                packed_log_probs(
+                    self.model, self._as_policy(reference), batch, self.sampling_temperature
+                )
+            )
         policy_sum, weight, metrics = policy_loss_from_log_probs(
             log_probs, batch, ref_log_probs=ref_log_probs, **self.options()
         )
