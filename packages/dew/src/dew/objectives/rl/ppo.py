@@ -285,8 +285,8 @@ class PPOObjective:
 
     def _as_policy(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """The policy variables of a whole PPO tree, or a policy-only tree as it is."""
-        params = variables["params"] if "params" in variables else None
-        if hasattr(params, "keys") and POLICY in params:
+        params: Any = variables.get("params")
+        if isinstance(params, Mapping) and POLICY in params:
             return self.policy_variables(variables)
         return dict(variables)
 
