@@ -94,6 +94,10 @@ def main(run_dir: str, steps: int) -> None:
         Sampling(eos_id=(1, 2, 3, 4, 5)),
         journal=EpisodeJournal(os.path.join(run_dir, "journal")),
         record=record,
+        # one tool call in flight at a time: when the run is killed, only the paused call is
+        # between its pending and completed records (concurrent calls could be caught in
+        # that window too and then, as documented, run a second time)
+        environment_threads=1,
     )
     objective = GRPOObjective(model, seq_len=P + R - 1)
     optimizer = optax.MultiSteps(optax.sgd(0.5), every_k_schedule=2)

@@ -44,7 +44,7 @@ class Snapshotting(SquareEnvironment):
         return super().step(action)
 
 
-def rollout_for(directory, log, policy=None, sampling=SAMPLING):
+def rollout_for(directory, log, policy=None, sampling=SAMPLING, threads=16):
     return EpisodeRollout(
         policy or ScriptedPolicy(),
         lambda i: Snapshotting(i, log),
@@ -55,6 +55,7 @@ def rollout_for(directory, log, policy=None, sampling=SAMPLING):
         G,
         sampling,
         journal=EpisodeJournal(directory),
+        environment_threads=threads,
     )
 
 
@@ -96,9 +97,11 @@ def test_recovery_replays_completed_turns_and_reuses_the_pending_draw(tmp_path):
     again.at_step(4, 2)
     again(VARIABLES, {"task_id": np.array([3])}, jax.random.key(0))
     slot0, slot1 = again.last_episodes
-    # slot 0 had finished and been scored: nothing of it runs again
     assert slot0.status is EpisodeStatus.COMPLETED and slot0.reward == 1.0
-    assert [ev for ev in log2.events if ev[1] == slot0.id] == []
+    # both answers were sent in the same round, so slot 0 was not scored when slot 1 failed:
+    # its turns are replayed and its tool restored from the snapshot, never stepped again
+    events = [ev[0] for ev in log2.events if ev[1] == slot0.id]
+    assert events == ["enter", "reset", "restore", "exit"]
     # slot 1: the completed call is restored from its snapshot, the pending answer reused
     assert [ev[0] for ev in log2.events if ev[1] == slot1.id] == [
         "enter",

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,6 +164,7 @@ class EpisodeJournal:
         self._lock: int | None = None
         self.rank: int | None = None
         self.step: int | None = None
+        self._mutex = threading.Lock()  # environments step on several threads
 
     # ------------------------------------------------------------------ files
     def open(self, rank: int) -> None:
@@ -206,7 +208,7 @@ class EpisodeJournal:
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> None:
         assert self._db is not None, "EpisodeJournal: open() before writing"
-        with self._db:  # one committed transaction per write
+        with self._mutex, self._db:  # one committed transaction per write
             self._db.execute(sql, args)
 
     # ------------------------------------------------------------------ collections

@@ -38,6 +38,7 @@ rollout counts its own collections from 1 and uses ``step - 1`` as the update cl
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -117,6 +118,10 @@ class EpisodeRollout:
         with its own key (``cohort``), so that a collection gives the same draws, likelihoods
         and packed rows however the global devices are split over processes. The default
         samples all local slots of a round in one call.
+      environment_threads: how many environments open, reset and step at the same time
+        (threads kept for the rollout's life, so a subprocess tool's parent-death signal stays
+        armed); the verifier, releases and ``record`` run on the calling thread, in slot
+        order. 1 runs everything on the calling thread.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class EpisodeRollout:
         record: Record | None = None,
         progress: bool | None = None,
         device_shards: bool = False,
+        environment_threads: int = 16,
     ) -> None:
         for name in ("bind", "__call__"):
             if not callable(getattr(policy, name, None)):
@@ -164,6 +170,8 @@ class EpisodeRollout:
         self.record = record
         self.progress = progress
         self.device_shards = bool(device_shards)
+        self.environment_threads = _positive(environment_threads, "environment_threads")
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.width = self.max_prompt_tokens + self.max_new_tokens
         self._clocks: tuple[int, int] | None = None
         self._calls = 0
@@ -257,6 +265,7 @@ class EpisodeRollout:
         budgets = [self.max_new_tokens if on else 1 for on in live]
         self._current = None
         seconds = 0.0
+        outgoing: list[tuple[Slot, Action]] = []
         size = len(slots) // self._shards
         round_key = jax.random.fold_in(key, turn)
         for shard in range(self._shards):
@@ -274,11 +283,22 @@ class EpisodeRollout:
             ):
                 if on:
                     self._current = slot
-                    self._advance(slot, context, generation, policy_step)
+                    action = self._prepare(slot, context, generation, policy_step)
+                    if action is not None:
+                        outgoing.append((slot, action))
+        self._current = None
+        self._concurrently([(slot.send, (action,), slot) for slot, action in outgoing])
+        for slot, on in zip(slots, live):
+            if on and not slot.running:
+                self._current = slot
+                self._finish(slot)
         return seconds
 
-    def _advance(self, slot: Slot, context: Any, generation: Any, policy_step: int) -> None:
-        """Take one turn of a live slot: a replayed, a reused pending or a fresh action."""
+    def _prepare(
+        self, slot: Slot, context: Any, generation: Any, policy_step: int
+    ) -> Action | None:
+        """The turn of a live slot: a replayed one (nothing to send), a reused pending draw or
+        a fresh action to send, or a budget-truncated one (recorded, never sent)."""
         eos = self.sampling.eos_ids
         turn = slot.turns
         replayed = slot.replayed()
@@ -286,29 +306,48 @@ class EpisodeRollout:
             action = dataclasses.replace(replayed.action, origin=slot.origin)
             checked = check_action(action, eos, episode=slot.id, turn=turn)
             slot.transitions[-1] = Transition(checked, replayed.observation)
-        elif slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
+            return None
+        if slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
             action = dataclasses.replace(slot.pending_action, origin=slot.origin)
             slot.pending_action = None
-            slot.send(check_action(action, eos, episode=slot.id, turn=turn))
-        else:
-            action = Action(
-                context=context,
-                tokens=np.asarray(generation.ids),
-                raw_log_probs=np.asarray(generation.raw_log_probs),
-                behavior_log_probs=np.asarray(generation.behavior_log_probs),
-                terminated=bool(generation.eos),
-                policy_step=policy_step,
-                origin=slot.origin,
+            return check_action(action, eos, episode=slot.id, turn=turn)
+        action = Action(
+            context=context,
+            tokens=np.asarray(generation.ids),
+            raw_log_probs=np.asarray(generation.raw_log_probs),
+            behavior_log_probs=np.asarray(generation.behavior_log_probs),
+            terminated=bool(generation.eos),
+            policy_step=policy_step,
+            origin=slot.origin,
+        )
+        action = check_action(action, eos, episode=slot.id, turn=turn)
+        if action.terminated:
+            return action
+        slot.record_truncated(
+            action, f"response used max_new_tokens={self.max_new_tokens} without EOS"
+        )
+        return None
+
+    def _concurrently(self, calls: list[tuple[Any, tuple[Any, ...], Slot]]) -> None:
+        """Run environment calls on the rollout's threads; the first failure (in slot order)
+        is raised after all of them returned, with its slot marked as the culprit."""
+        if self.environment_threads <= 1 or len(calls) <= 1:
+            for function, args, slot in calls:
+                self._current = slot
+                function(*args)
+            self._current = None
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self.environment_threads, thread_name_prefix="dew-episodes"
             )
-            action = check_action(action, eos, episode=slot.id, turn=turn)
-            if action.terminated:
-                slot.send(action)
-            else:
-                slot.record_truncated(
-                    action, f"response used max_new_tokens={self.max_new_tokens} without EOS"
-                )
-        if not slot.running:
-            self._finish(slot)
+        futures = [(self._pool.submit(function, *args), slot) for function, args, slot in calls]
+        concurrent.futures.wait([future for future, _ in futures])
+        for future, slot in futures:
+            error = future.exception()
+            if error is not None:
+                self._current = slot
+                raise error
 
     def _config(self, tasks: Sequence[int], clocks: tuple[int, int]) -> dict[str, Any]:
         return {
@@ -338,10 +377,10 @@ class EpisodeRollout:
     ) -> None:
         if self.journal is not None:
             self._recover(slots, tasks, clocks, key, variables)
+        self._concurrently([(slot.open, (self.environment_factory,), slot) for slot in slots])
         for slot in slots:
-            self._current = slot
-            slot.open(self.environment_factory)
             if not slot.running:
+                self._current = slot
                 self._finish(slot)
 
     def _truncate_rest(self, slots: list[Slot]) -> None:
