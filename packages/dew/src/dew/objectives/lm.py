@@ -16,8 +16,8 @@ Batch fields (``L`` = ``seq_len``):
 protocol in ``dew.objectives.base``; ``evaluate`` returns sums that the Trainer turns into
 token loss, perplexity (``exp`` of the mean token loss) and accuracy.
 
-The token NLL is ``logsumexp(logits) - logits[target]`` in float32, which never builds a
-second ``[B, L, V]`` array of log-probabilities.
+The token NLL comes from ``dew.objectives.scoring.token_nll`` (float32, no second
+``[B, L, V]`` array of log-probabilities).
 """
 
 from __future__ import annotations
@@ -28,32 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.base import validate_ema_decay, validate_pretrained
+from dew.objectives.scoring import positions_from_segments, same_chain, summarize_nll, token_nll
 
-
-def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-token negative log-likelihood and correctness.
-
-    Args:
-      logits: float ``[B, T, V]``.
-      targets: int ``[B, T]``.
-    Returns:
-      ``(nll [B, T] float32, correct [B, T] bool)``.
-    """
-    logits = logits.astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    correct = jnp.argmax(logits, axis=-1) == targets
-    return lse - picked, correct
-
-
-def segment_positions(segment_ids: jax.Array) -> jax.Array:
-    """Positions ``[B, T]`` restarting at 0 wherever the segment id changes."""
-    idx = jnp.broadcast_to(jnp.arange(segment_ids.shape[1], dtype=jnp.int32), segment_ids.shape)
-    starts = jnp.concatenate(
-        [jnp.ones_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
-    )
-    first = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
-    return idx - first
+segment_positions = positions_from_segments  # the old name, kept for one release
 
 
 class LMObjective:
@@ -67,7 +44,8 @@ class LMObjective:
       ema_decay: ``None`` (no EMA), or a decay in ``(0, 1]`` (default 0.999, a moving EMA).
     """
 
-    token_nll = staticmethod(token_nll)  # (logits [B, T, V], targets [B, T]) -> (nll, correct)
+    # (logits [B, T, V], targets [B, T]) -> (nll, correct); a subclass may swap it (benchmarks do)
+    token_nll = staticmethod(token_nll)
 
     def __init__(
         self,
@@ -113,7 +91,7 @@ class LMObjective:
         seg = batch.get("text_segment_ids")
         pos = batch.get("text_positions")
         if seg is not None and pos is None:
-            pos = segment_positions(seg)
+            pos = positions_from_segments(seg)
         logits = self.model.apply(
             variables,
             inputs,
@@ -123,7 +101,7 @@ class LMObjective:
         nll, correct = self.token_nll(logits, targets)
         mask = jnp.ones(targets.shape, bool)
         if seg is not None:
-            mask = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+            mask = same_chain(seg)
         if self.loss_role is not None:
             mask = mask & (batch["text_roles"][:, 1:] == self.loss_role)
         loss_sum = jnp.sum(jnp.where(mask, nll, 0.0))
@@ -154,20 +132,4 @@ class LMObjective:
     @staticmethod
     def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:
         """Token loss, perplexity and accuracy from summed ``evaluate`` outputs."""
-        import math
-
-        weight = totals.get("weight", 0.0)
-        if weight <= 0:
-            return {
-                "loss": float("nan"),
-                "perplexity": float("nan"),
-                "accuracy": float("nan"),
-                "tokens": 0.0,
-            }
-        loss = totals["loss"] / weight
-        return {
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 700.0)),
-            "accuracy": totals["correct"] / weight,
-            "tokens": weight,
-        }
+        return summarize_nll(totals, accuracy=True)

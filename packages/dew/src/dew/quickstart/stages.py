@@ -41,7 +41,7 @@ from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rl.rollout import SampledRollout
+from dew.objectives.rollouts.sampled import SampledRollout
 from dew.quickstart.config import Settings
 from dew.quickstart.evaluate import prompt_ids
 from dew.quickstart.task import Problem

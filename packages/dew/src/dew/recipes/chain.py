@@ -155,7 +155,7 @@ class Recipe:
             beta = DEFAULT_DPO_BETA if stage.beta is None else stage.beta
             return DPOObjective(self.model, data.seq_len - 1, beta=beta, pretrained=start), None
         from dew.objectives.rl.grpo import GRPOObjective
-        from dew.objectives.rl.rollout import SampledRollout
+        from dew.objectives.rollouts.sampled import SampledRollout
         from dew.sampling import Sampling
 
         beta = DEFAULT_GRPO_BETA if stage.beta is None else stage.beta

@@ -1,6 +1,9 @@
-"""RL objectives and the rollouts that feed them (DPO, GRPO, sampled rollouts, packed sessions).
+"""RL objectives: the losses (DPO, GRPO, PPO with its ``ValueHead``).
 
-Names resolve lazily so importing one objective does not import every other one.
+The batches they train on come from the rollout machinery in ``dew.objectives.rollouts``;
+its public names (``SampledRollout``, ``RewardError``, ``EpisodeRollout`` and the episode
+errors, the ``sessions`` module) are also found here, as before. Names resolve lazily so
+importing one objective does not import every other one.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ _NAMES: dict[str, str] = {
     "PPORollout": "dew.objectives.rollouts.ppo",
     "packed_log_probs": "dew.objectives.rl.grpo",
     "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
-    "RewardError": "dew.objectives.rl.rollout",
-    "SampledRollout": "dew.objectives.rl.rollout",
+    "RewardError": "dew.objectives.rollouts.sampled",
+    "SampledRollout": "dew.objectives.rollouts.sampled",
     "ValueHead": "dew.objectives.rl.value_head",
     "sessions": "dew.objectives.rl.sessions",
 }

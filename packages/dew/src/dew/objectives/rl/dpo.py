@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.base import validate_pretrained
-from dew.objectives.lm import LMObjective, token_nll
+from dew.objectives.scoring import summarize_nll, target_log_probs, token_nll
 from dew.rl import preference_logsigmoid
 
 _FIELDS = ("input_ids", "completion_mask")
@@ -152,8 +152,7 @@ class DPOObjective:
         pairs = input_ids.shape[0]
         flat = input_ids.reshape(2 * pairs, -1).astype(jnp.int32)
         logits = self.model.apply(variables, flat[:, :-1])
-        nll, _ = token_nll(logits, flat[:, 1:])
-        return (-nll).reshape(pairs, 2, -1)
+        return target_log_probs(logits, flat[:, 1:]).reshape(pairs, 2, -1)
 
     def loss(
         self,
@@ -194,4 +193,7 @@ class DPOObjective:
             "weight": jnp.sum(mask.astype(jnp.float32)),
         }
 
-    summarize_evaluation = staticmethod(LMObjective.summarize_evaluation)
+    @staticmethod
+    def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:
+        """Token loss, perplexity and accuracy on the chosen completions."""
+        return summarize_nll(totals, accuracy=True)

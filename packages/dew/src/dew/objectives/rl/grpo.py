@@ -1,6 +1,6 @@
 """GRPO over packed session rows, composed from ``dew.rl``.
 
-The batch is what ``dew.objectives.rl.sessions.pack`` writes: ``[B, W]`` rows of chains with
+The batch is what ``dew.objectives.rollouts.pack`` writes: ``[B, W]`` rows of chains with
 ``input_ids``, ``text_segment_ids``, ``text_positions``, ``response_mask``, ``advantages``,
 ``behavior_log_probs``, ``session_index`` and, when a proximal policy was recorded or
 rescored, ``old_log_probs``. ``W = seq_len + 1``: the objective predicts ``seq_len`` next
@@ -52,6 +52,12 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.base import validate_pretrained
+from dew.objectives.scoring import (
+    packed_log_probs,
+    positions_from_segments,
+    summarize_nll,
+    target_log_probs,
+)
 from dew.rl import (
     behavior_importance_weights,
     cispo_terms,
@@ -94,72 +100,6 @@ def _behavior_importance(value: Any) -> float | tuple[float, float] | None:
             raise ValueError(f"behavior_importance: expected a positive finite cap, got {value!r}")
         return cap
     return _band(value, "behavior_importance")
-
-
-def _score(
-    logits: jax.Array,
-    targets: jax.Array,
-    support_ids: jax.Array | None,
-    support_columns: jax.Array | None,
-) -> jax.Array:
-    """``[B, T]`` log-prob of ``targets[:, t]`` under ``logits[:, t]``.
-
-    Without a support the log-softmax runs over the whole vocabulary. With one, a target
-    column that has kept ids is normalised over those ids only (the sampler's filtered
-    distribution); ``support_columns`` index the *target* columns (input column ``t + 1``).
-    """
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    full = jax.nn.logsumexp(logits, axis=-1)
-    if support_ids is None or support_columns is None:
-        return picked - full
-    width = logits.shape[1]
-    valid = (support_columns >= 1) & (support_ids >= 0)
-    column = jnp.where(valid, support_columns - 1, width)  # ``width`` is a drop bucket
-    safe_column = jnp.clip(column, 0, width - 1)
-    safe_id = jnp.clip(support_ids, 0, logits.shape[-1] - 1)
-    values = jax.vmap(lambda row, c, i: row[c, i])(logits, safe_column, safe_id)
-    values = jnp.where(valid, values, -jnp.inf)
-
-    def row_lse(v: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
-        top = jax.ops.segment_max(v, c, num_segments=width + 1)[:width]
-        top = jax.lax.stop_gradient(jnp.where(jnp.isfinite(top), top, 0.0))
-        shifted = jnp.where(c < width, v - top[jnp.clip(c, 0, width - 1)], -jnp.inf)
-        total = jax.ops.segment_sum(jnp.exp(shifted), c, num_segments=width + 1)[:width]
-        counts = jax.ops.segment_sum(jnp.ones_like(c), c, num_segments=width + 1)[:width]
-        return jnp.log(jnp.where(total > 0, total, 1.0)) + top, counts
-
-    support_lse, counts = jax.vmap(row_lse)(values, column)
-    return picked - jnp.where(counts > 0, support_lse, full)
-
-
-def packed_log_probs(
-    model: Any,
-    variables: Mapping[str, Any],
-    batch: Mapping[str, jax.Array],
-    temperature: float | None = None,
-) -> jax.Array:
-    """``[B, W]`` log-probability of each id given its own chain's prefix.
-
-    The model reads ``input_ids[:, :-1]`` with the rows' segment ids and per-chain positions,
-    so no id attends across chains. Column ``t`` holds the log-prob of ``input_ids[:, t]``
-    predicted from column ``t - 1``; the first id of every chain, padding and column 0 get 0.
-    ``temperature`` divides the logits first (after any softcap the model applies);
-    ``support_ids``/``support_columns`` in the batch renormalise the sampled columns over
-    their kept ids.
-    """
-    ids = jnp.asarray(batch["input_ids"])
-    segments = jnp.asarray(batch["text_segment_ids"])
-    positions = jnp.asarray(batch["text_positions"])
-    logits = model.apply(
-        variables, ids[:, :-1], segment_ids=segments[:, :-1], positions=positions[:, :-1]
-    )
-    logits = logits.astype(jnp.float32)
-    if temperature is not None:
-        logits = logits / jnp.asarray(temperature, logits.dtype)
-    scored = _score(logits, ids[:, 1:], batch.get("support_ids"), batch.get("support_columns"))
-    same_chain = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-    scored = jnp.where(same_chain, scored, 0.0)
-    return jnp.concatenate([jnp.zeros_like(scored[:, :1]), scored], axis=1)
 
 
 def _session_totals(
@@ -530,13 +470,13 @@ class GRPOObjective:
         start = (width - lengths)[:, None]
         column = jnp.arange(width)[None, :]
         real = column >= start
-        positions = jnp.where(real, column - start, 0)
         segments = real.astype(jnp.int32)
+        positions = jnp.where(real, positions_from_segments(segments), 0)
         logits = self.model.apply(
             variables, prompt, segment_ids=segments, positions=positions
         ).astype(jnp.float32)
         targets = prompt[:, 1:]
-        scored = _score(logits[:, :-1], targets, None, None)
+        scored = target_log_probs(logits[:, :-1], targets)
         valid = real[:, 1:] & real[:, :-1]
         return {
             "loss": -jnp.sum(jnp.where(valid, scored, 0.0)),
@@ -546,11 +486,7 @@ class GRPOObjective:
     @staticmethod
     def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:
         """Prompt NLL per transition and its perplexity from summed ``evaluate`` outputs."""
-        weight = totals.get("weight", 0.0)
-        if weight <= 0:
-            return {"loss": float("nan"), "perplexity": float("nan"), "tokens": 0.0}
-        loss = totals["loss"] / weight
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "tokens": weight}
+        return summarize_nll(totals, accuracy=False)
 
 
 __all__ = [

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rl.sessions import pack
 from dew.objectives.rollouts.episodes.errors import MixedOriginError
 from dew.objectives.rollouts.episodes.protocol import Episode
 from dew.objectives.rollouts.episodes.session import session_of
+from dew.objectives.rollouts.packing import pack
 
 
 def check_one_origin(episodes: Sequence[Episode]) -> None:

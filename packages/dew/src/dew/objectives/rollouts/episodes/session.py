@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dew.objectives.rl.sessions import Call, Session, Status
 from dew.objectives.rollouts.episodes.protocol import Episode, EpisodeStatus
 from dew.objectives.rollouts.episodes.validation import check_action
+from dew.objectives.rollouts.records import Call, Session, Status
 
 _STATUS = {
     EpisodeStatus.COMPLETED: Status.COMPLETED,

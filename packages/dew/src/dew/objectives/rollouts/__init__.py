@@ -1,0 +1,46 @@
+"""Rollout machinery that runs inside the trainer, apart from the losses (host side).
+
+- ``records``: ``Call``, ``Session``, ``Status``, ``Task`` and their validation.
+- ``chains``: which sessions train and how a session's calls join into chains.
+- ``advantages``: group-relative advantages of session rewards (``group_advantages``).
+- ``packing``: ``pack`` (sessions -> one ``[rows, width]`` GRPO batch), ``rows_needed``,
+  ``chain_lengths``.
+- ``metrics``: ``session_metrics``, host diagnostics of one batch of sessions.
+- ``sampled``: ``SampledRollout``, the Trainer's ``rollout=`` hook that samples completions
+  with ``dew.inference``, scores them with a reward function and packs them.
+
+Names resolve lazily, so reading the records does not import the inference engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES: dict[str, str] = {
+    "Call": "records",
+    "Session": "records",
+    "Status": "records",
+    "Task": "records",
+    "TRUNCATIONS": "chains",
+    "ESTIMATORS": "advantages",
+    "GROUP_EPSILON": "advantages",
+    "group_advantages": "advantages",
+    "chain_lengths": "packing",
+    "pack": "packing",
+    "rows_needed": "packing",
+    "session_metrics": "metrics",
+    "RewardError": "sampled",
+    "SampledRollout": "sampled",
+    "default_decode": "sampled",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dew.objectives.rollouts' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"dew.objectives.rollouts.{module}"), name)
+
+
+__all__ = sorted(_NAMES)

@@ -1,0 +1,230 @@
+"""The packer that turns sessions into GRPO rows (host side).
+
+``pack`` builds one training batch out of sessions:
+
+1. Which sessions train (``dew.objectives.rollouts.chains``): COMPLETED and AGENT_ERROR
+   always do; INFRA_ERROR and CANCELLED never do; ``truncation`` decides TRUNCATED.
+2. Advantages, group-relative over ``(task, group)`` among the training sessions, ported from
+   verl 0.9.1 ``compute_grpo_outcome_advantage`` (``"group"``: unbiased std + 1e-6;
+   ``"mean"``: centred only, verl's ``norm_adv_by_std_in_grpo=False``, Dr.GRPO) and
+   ``compute_rloo_outcome_advantage`` (``"rloo"``). As in verl a group of one has baseline 0
+   (and deviation 1), so its advantage is its reward.
+3. Chains (``dew.objectives.rollouts.chains``): a call continues the previous call's chain
+   only when its prompt starts with every id of that chain, sampled ids included.
+4. Rows. Chains are placed first-fit decreasing (longest first, each in the first row with
+   room) into ``[rows, width]``; ``text_segment_ids`` (1, 2, ... per row, 0 = padding) and
+   ``text_positions`` (restarting at 0 per chain) keep attention and positions inside a chain.
+
+Every column is ``[rows, width]`` and aligned with ``input_ids``:
+
+- ``input_ids`` (int32, 0 on padding), ``text_segment_ids``, ``text_positions`` (int32)
+- ``response_mask`` (int32 0/1): 1 on sampled ids, EOS included
+- ``behavior_log_probs`` (float32): the engine's likelihood of each sampled id, 0 elsewhere
+- ``old_log_probs`` (float32): only when every packed call carries ``raw_log_probs``
+- ``versions``, ``session_index``, ``call_index`` (int32): on sampled ids, -1 elsewhere;
+  ``session_index`` is the session's position in the ``sessions`` argument
+- ``advantages`` (float32): the session's advantage over its whole chain, 0 on padding
+- ``session_weights`` (float32): ``1 / n`` on each of a session's ``n`` sampled ids, so summing
+  ``x * session_weights`` over a batch and dividing by the session count is a session mean
+- ``routed_experts`` ``[rows, width, layers, top_k]`` (the engine's dtype) and ``routed``
+  (bool) when any call recorded routing
+- ``support_ids``/``support_columns`` ``[rows, support_capacity]`` (int32, -1 padded) when
+  any call recorded its sampling support: each row's kept ids back to back, each tagged with the
+  column of the sampled id it was kept for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from dew.objectives.rollouts.advantages import ESTIMATORS, group_advantages
+from dew.objectives.rollouts.chains import TRUNCATIONS, training_chains, training_reward, trains
+from dew.objectives.rollouts.records import Session, check_choice
+
+
+def _check_width(width: int) -> int:
+    """Check a row width (an integer >= 2) and return it as int."""
+    if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 2:
+        raise ValueError(f"width: expected an integer >= 2, got {width!r}")
+    return int(width)
+
+
+def chain_lengths(sessions: Sequence[Session], width: int, truncation: str = "mask") -> list[int]:
+    """Length of every chain ``pack`` would place, in session order; raises on a chain > width."""
+    width = _check_width(width)
+    check_choice(truncation, TRUNCATIONS, "truncation")
+    return [len(c.ids) for c in training_chains(sessions, width, truncation, None)]
+
+
+def _first_fit(lengths: Sequence[int], width: int) -> tuple[list[tuple[int, int]], int]:
+    """First-fit decreasing placement: ``(row, offset)`` per length and the row count."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    free: list[int] = []
+    placement: list[tuple[int, int]] = [(0, 0)] * len(lengths)
+    for i in order:
+        length = lengths[i]
+        if length > width:
+            raise ValueError(f"chain_lengths[{i}]: {length} ids do not fit a row of width {width}")
+        for row, room in enumerate(free):
+            if room >= length:
+                placement[i] = (row, width - room)
+                free[row] = room - length
+                break
+        else:
+            placement[i] = (len(free), 0)
+            free.append(width - length)
+    return placement, len(free)
+
+
+def rows_needed(lengths: Sequence[int], width: int) -> int:
+    """Rows ``pack`` fills for chains of these lengths (first-fit decreasing)."""
+    width = _check_width(width)
+    return _first_fit([int(n) for n in lengths], width)[1]
+
+
+def pack(
+    sessions: Sequence[Session],
+    width: int,
+    rows: int | None = None,
+    estimator: str = "group",
+    truncation: str = "mask",
+    support_capacity: int | None = None,
+    eos_ids: int | Iterable[int] | None = None,
+) -> dict[str, np.ndarray]:
+    """Pack sessions into one ``[rows, width]`` GRPO batch (see the module docstring).
+
+    Args:
+      sessions: the sessions of one batch; ``session_index`` refers to positions in it.
+      width: row width W (``GRPOObjective.seq_len + 1``).
+      rows: fixed row count N; ``None`` uses as many as the chains need. Too few raises.
+      estimator: ``"group"``, ``"mean"`` or ``"rloo"``.
+      truncation: ``"mask"``, ``"score"`` or ``"zero"`` for TRUNCATED sessions.
+      support_capacity: width of ``support_ids``; required when a call recorded a support.
+      eos_ids: when given, every packed call is checked: no id after EOS, and a ``"stop"``
+        finish reason exactly when the last sampled id is EOS.
+    """
+    width = _check_width(width)
+    check_choice(estimator, ESTIMATORS, "estimator")
+    check_choice(truncation, TRUNCATIONS, "truncation")
+    if rows is not None and (
+        isinstance(rows, bool) or not isinstance(rows, int | np.integer) or rows < 1
+    ):
+        raise ValueError(f"rows: expected None or a positive integer, got {rows!r}")
+    if isinstance(eos_ids, int | np.integer):
+        eos_ids = (int(eos_ids),)
+    sessions = list(sessions)
+    chains = training_chains(sessions, width, truncation, eos_ids)
+
+    trained = [i for i, s in enumerate(sessions) if trains(s, truncation)]
+    rewards = [training_reward(sessions[i], truncation, i) for i in trained]
+    keys = [(sessions[i].task, sessions[i].group) for i in trained]
+    advantage_of = dict(zip(trained, group_advantages(rewards, keys, estimator).tolist()))
+
+    placement, needed = _first_fit([len(c.ids) for c in chains], width)
+    if rows is None:
+        rows = max(needed, 1)
+    elif needed > rows:
+        raise ValueError(f"rows: the chains need {needed} rows of width {width}, got rows={rows}")
+    rows = int(rows)
+
+    shape = (rows, width)
+    batch: dict[str, np.ndarray] = {
+        "input_ids": np.zeros(shape, np.int32),
+        "text_segment_ids": np.zeros(shape, np.int32),
+        "text_positions": np.zeros(shape, np.int32),
+        "response_mask": np.zeros(shape, np.int32),
+        "behavior_log_probs": np.zeros(shape, np.float32),
+        "versions": np.full(shape, -1, np.int32),
+        "session_index": np.full(shape, -1, np.int32),
+        "call_index": np.full(shape, -1, np.int32),
+        "advantages": np.zeros(shape, np.float32),
+        "session_weights": np.zeros(shape, np.float32),
+    }
+    packed_calls = [c for i in trained for c in sessions[i].calls]
+    with_raw = [c.raw_log_probs is not None for c in packed_calls]
+    if any(with_raw) and not all(with_raw):
+        raise ValueError(
+            "Call.raw_log_probs: either every packed call carries raw log-probabilities or none "
+            f"does; {sum(with_raw)} of {len(with_raw)} do"
+        )
+    if packed_calls and all(with_raw):
+        batch["old_log_probs"] = np.zeros(shape, np.float32)
+    records = [c.routed_experts for c in packed_calls if c.routed_experts is not None]
+    if records:
+        inner, dtype = records[0].shape[1:], records[0].dtype
+        for record in records:
+            if record.shape[1:] != inner or record.dtype != dtype:
+                raise ValueError(
+                    "Call.routed_experts: every record must share [layers, top_k] and dtype; got "
+                    f"{inner}/{dtype} and {record.shape[1:]}/{record.dtype}"
+                )
+        batch["routed_experts"] = np.zeros(shape + inner, dtype)
+        batch["routed"] = np.zeros(shape, np.bool_)
+    has_support = any(c.support is not None for c in packed_calls)
+    if has_support:
+        if support_capacity is None or isinstance(support_capacity, bool) or support_capacity < 1:
+            raise ValueError(
+                "support_capacity: calls recorded sampling supports, so a positive capacity is "
+                f"required, got {support_capacity!r}"
+            )
+        batch["support_ids"] = np.full((rows, int(support_capacity)), -1, np.int32)
+        batch["support_columns"] = np.full((rows, int(support_capacity)), -1, np.int32)
+
+    sampled_count: dict[int, int] = {}
+    for chain in chains:
+        sampled_count[chain.session] = sampled_count.get(chain.session, 0) + sum(chain.sampled)
+
+    # segment ids count 1, 2, ... from the left of each row
+    segment_of = [0] * len(chains)
+    counters = [0] * rows
+    for i in sorted(range(len(chains)), key=lambda i: placement[i]):
+        counters[placement[i][0]] += 1
+        segment_of[i] = counters[placement[i][0]]
+    support_fill = [0] * rows
+    for i, (chain, (row, offset)) in enumerate(zip(chains, placement)):
+        n = len(chain.ids)
+        cols = slice(offset, offset + n)
+        sampled = np.asarray(chain.sampled, dtype=bool)
+        batch["input_ids"][row, cols] = chain.ids
+        batch["text_segment_ids"][row, cols] = segment_of[i]
+        batch["text_positions"][row, cols] = np.arange(n)
+        batch["response_mask"][row, cols] = sampled
+        batch["behavior_log_probs"][row, cols] = chain.behavior
+        if "old_log_probs" in batch:
+            batch["old_log_probs"][row, cols] = chain.raw
+        batch["versions"][row, cols] = chain.versions
+        batch["session_index"][row, cols] = np.where(sampled, chain.session, -1)
+        batch["call_index"][row, cols] = chain.calls
+        batch["advantages"][row, cols] = advantage_of[chain.session]
+        count = sampled_count[chain.session]
+        if count:
+            batch["session_weights"][row, cols] = np.where(sampled, 1.0 / count, 0.0)
+        for position, record in chain.routed.items():
+            batch["routed_experts"][row, offset + position] = record
+            batch["routed"][row, offset + position] = True
+        for position in sorted(chain.support):
+            kept = chain.support[position]
+            start = support_fill[row]
+            if start + kept.size > batch["support_ids"].shape[1]:
+                raise ValueError(
+                    f"support_capacity: row {row} needs more than {support_capacity} kept ids "
+                    f"(at least {start + kept.size})"
+                )
+            batch["support_ids"][row, start : start + kept.size] = kept
+            batch["support_columns"][row, start : start + kept.size] = offset + position
+            support_fill[row] = start + kept.size
+    if has_support:
+        missing = [
+            i for i, c in enumerate(packed_calls) if c.support is None and c.sampled_ids.size > 0
+        ]
+        if missing:
+            raise ValueError(
+                "Call.support: either every packed call records its sampling support or none "
+                f"does; {len(missing)} packed calls have none"
+            )
+    return batch
+
+
+__all__ = ["chain_lengths", "pack", "rows_needed"]

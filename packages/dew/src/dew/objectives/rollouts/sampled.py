@@ -1,0 +1,243 @@
+"""SampledRollout: the Trainer's ``rollout=`` hook for GRPO with a reward function.
+
+Each step the Trainer hands over a ``Prompts`` batch (``prompt`` ``[B, P]`` left-padded,
+``prompt_length`` ``[B]`` and the UTF-8 byte columns ``data_source``, ``ground_truth``,
+``extra_info``) and the current variables. The rollout
+
+1. samples ``groups`` completions of at most ``max_new_tokens`` ids per prompt with
+   ``dew.inference.TextGeneration`` (one compiled sampling loop over all ``B * G`` contexts),
+2. decodes each completion (EOS and padding left out) and scores it with
+   ``reward(data_source, completion, ground_truth, extra_info) -> float``,
+3. turns each completion into a one-call ``Session`` (task = prompt row, sample = group
+   member; a completion that ran out of budget is TRUNCATED and still scored) and
+4. packs them with ``dew.objectives.rollouts.pack`` into ``N = B * G`` rows of width ``P + R``.
+
+The returned batch holds ``pack``'s columns (with ``old_log_probs``: the raw-policy
+likelihoods recorded while sampling, and ``behavior_log_probs``: those of the distribution
+actually sampled from) plus ``rewards`` ``[N]`` (completion ``row * G + g``) for metrics.
+With ``rescore=True``, or when the objective scores at a ``sampling_temperature``,
+``old_log_probs`` are recomputed by ``objective.packed_log_probs`` on the packed rows.
+
+``last_timings`` keeps the seconds each phase of the latest call took (``generation``,
+``reward``, ``pack``, ``rescoring``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from dew.data.prompts import decode_text
+from dew.inference import TextGeneration
+from dew.objectives.rollouts.advantages import ESTIMATORS
+from dew.objectives.rollouts.packing import pack
+from dew.objectives.rollouts.records import Call, Session, Status
+from dew.sampling import Sampling
+
+Reward = Callable[[str, str, str, str], float]
+
+
+def default_decode(ids: Any) -> str:
+    """Token ids separated by spaces (the default text a reward reads)."""
+    return " ".join(str(int(i)) for i in np.asarray(ids).reshape(-1))
+
+
+class RewardError(RuntimeError):
+    """A reward function raised or returned something that is not a finite number."""
+
+
+class SampledRollout:
+    """Sample ``groups`` completions per prompt, score them and pack a GRPO batch.
+
+    Args:
+      objective: the ``GRPOObjective`` being trained (its model samples, its width
+        ``seq_len + 1`` must equal ``P + max_new_tokens``).
+      reward: ``reward(data_source, completion, ground_truth, extra_info) -> float``.
+      groups: completions per prompt, at least 2 (a group of one has no baseline).
+      max_new_tokens: response budget R.
+      sampling: ``dew.sampling.Sampling`` (temperature, top-k/p, min-p, EOS ids).
+      decode: ids -> text for the reward; default: ids separated by spaces.
+      estimator: ``"group"``, ``"mean"`` or ``"rloo"`` (as ``pack`` takes them).
+      rescore: recompute ``old_log_probs`` with the objective's own forward pass.
+    """
+
+    def __init__(
+        self,
+        objective: Any,
+        reward: Reward,
+        groups: int,
+        max_new_tokens: int,
+        sampling: Sampling | None = None,
+        decode: Callable[[Any], str] | None = None,
+        estimator: str = "group",
+        rescore: bool = False,
+    ) -> None:
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 2:
+            raise ValueError(
+                f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
+            )
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+            raise TypeError(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected a positive integer, got {max_new_tokens}")
+        if not callable(reward):
+            raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
+        if estimator not in ESTIMATORS:
+            raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
+        sampling = Sampling() if sampling is None else sampling
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling: expected a dew.sampling.Sampling, got {type(sampling)}")
+        for name in ("model", "width", "packed_log_probs"):
+            if not hasattr(objective, name):
+                raise TypeError(f"objective: expected a GRPOObjective, it has no {name!r}")
+        self.objective = objective
+        self.reward = reward
+        self.groups = groups
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.decode = default_decode if decode is None else decode
+        self.estimator = estimator
+        self.rescore = bool(rescore) or getattr(objective, "sampling_temperature", None) is not None
+        self.generation = TextGeneration(objective.model)
+        self._rescorer = jax.jit(objective.packed_log_probs)
+        self.last_timings: dict[str, float] = {}
+        self.last_rewards: np.ndarray | None = None
+
+    def _contexts(self, batch: Mapping[str, Any]) -> list[np.ndarray]:
+        for name in ("prompt", "prompt_length"):
+            if name not in batch:
+                raise KeyError(f"batch[{name!r}]: missing; SampledRollout reads a Prompts batch")
+        prompt = np.asarray(batch["prompt"])
+        lengths = np.asarray(batch["prompt_length"]).reshape(-1)
+        if prompt.ndim != 2 or lengths.shape[0] != prompt.shape[0]:
+            raise ValueError(
+                f"batch['prompt'], batch['prompt_length']: expected [B, P] and [B], got "
+                f"{prompt.shape} and {lengths.shape}"
+            )
+        width = prompt.shape[1]
+        if width + self.max_new_tokens != self.objective.width:
+            raise ValueError(
+                f"objective.seq_len: prompts are {width} wide and max_new_tokens is "
+                f"{self.max_new_tokens}, so expected GRPOObjective(seq_len={width} + "
+                f"{self.max_new_tokens} - 1 = {width + self.max_new_tokens - 1}), got "
+                f"seq_len={self.objective.width - 1}"
+            )
+        contexts = []
+        for row, n in enumerate(lengths.tolist()):
+            if not 1 <= n <= width:
+                raise ValueError(f"batch['prompt_length'][{row}]: expected 1..{width}, got {n}")
+            contexts.append(prompt[row, width - n :].astype(np.int32))
+        return contexts
+
+    def _metadata(self, batch: Mapping[str, Any], row: int) -> tuple[str, str, str]:
+        out = []
+        for name in ("data_source", "ground_truth", "extra_info"):
+            column = batch.get(name)
+            out.append("" if column is None else decode_text(np.asarray(column)[row]))
+        return out[0], out[1], out[2]
+
+    def _score(
+        self, batch: Mapping[str, Any], row: int, context: np.ndarray, ids: np.ndarray
+    ) -> float:
+        eos = set(self.sampling.eos_ids)
+        text_ids = ids[:-1] if ids.size and int(ids[-1]) in eos else ids
+        data_source, ground_truth, extra_info = self._metadata(batch, row)
+        completion = self.decode(text_ids)
+        try:
+            value = self.reward(data_source, completion, ground_truth, extra_info)
+        except Exception as err:
+            raise RewardError(
+                f"reward: raised {type(err).__name__}: {err} for prompt row {row} "
+                f"(prompt {self.decode(context)!r}, data_source {data_source!r}, completion "
+                f"{completion!r})"
+            ) from err
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if isinstance(value, bool) or not math.isfinite(number):
+            raise RewardError(
+                f"reward: expected a finite float for prompt row {row} (prompt "
+                f"{self.decode(context)!r}, completion {completion!r}), got {value!r}"
+            )
+        return number
+
+    def __call__(
+        self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
+    ) -> dict[str, Any]:
+        """Sample, score and pack one batch; returns the packed GRPO batch."""
+        timings: dict[str, float] = {}
+        contexts = self._contexts(batch)
+        repeated = [c for c in contexts for _ in range(self.groups)]
+        start = time.perf_counter()
+        self.generation.bind(variables)
+        drawn = self.generation(list(repeated), self.max_new_tokens, key, self.sampling)  # type: ignore[arg-type]
+        assert isinstance(drawn, list)
+        timings["generation"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        sessions = []
+        rewards = np.zeros(len(repeated), np.float32)
+        for index, draw in enumerate(drawn):
+            row, member = divmod(index, self.groups)
+            reward = self._score(batch, row, contexts[row], draw.ids)
+            rewards[index] = reward
+            support = None
+            if draw.support is not None:
+                support = [kept[kept >= 0] for kept in draw.support]
+            call = Call(
+                prompt_ids=contexts[row],
+                sampled_ids=draw.ids,
+                behavior_log_probs=draw.behavior_log_probs,
+                raw_log_probs=draw.raw_log_probs,
+                finish_reason="stop" if draw.eos else "length",
+                support=support,
+            )
+            sessions.append(
+                Session(
+                    task=row,
+                    sample=member,
+                    calls=(call,),
+                    status=Status.COMPLETED if draw.eos else Status.TRUNCATED,
+                    reward=reward,
+                )
+            )
+        timings["reward"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        width = self.objective.width
+        capacity = None
+        if self.sampling.return_support:
+            kept = max((d.support.shape[1] for d in drawn if d.support is not None), default=1)
+            capacity = max(1, kept * (width - 1))
+        out: dict[str, Any] = pack(
+            sessions,
+            width,
+            rows=len(repeated),
+            estimator=self.estimator,
+            truncation="score",
+            support_capacity=capacity,
+            eos_ids=self.sampling.eos_ids or None,
+        )
+        out["rewards"] = rewards
+        timings["pack"] = time.perf_counter() - start
+
+        timings["rescoring"] = 0.0
+        if self.rescore:
+            start = time.perf_counter()
+            fields = {k: v for k, v in out.items() if k != "rewards"}
+            out["old_log_probs"] = np.asarray(
+                jax.device_get(self._rescorer(variables, fields)), np.float32
+            )
+            timings["rescoring"] = time.perf_counter() - start
+        self.last_timings = timings
+        self.last_rewards = rewards
+        return out
+
+
+__all__ = ["RewardError", "SampledRollout", "default_decode"]
