@@ -13,7 +13,7 @@ make the same GRPO update:
 Contenders run interleaved, one cohort each per round, for ``--rounds`` rounds after a
 warm-up round that compiles every program. Printed per contender: episodes/s (median and
 min-max over the rounds) and the shares of the wall time in generation, tool (environment
-reset/step/release) and update; then the ratio of medians with its range (worst/best pairing)
+open/reset/step: wall time, the rollout runs them on threads) and update; then the ratio of medians with its range (worst/best pairing)
 and whether the goal (>= 3x) is shown. The machine is shared by other jobs: the load average
 before and after is recorded. A JSON record goes to ``--out``.
 
@@ -189,7 +189,7 @@ def main() -> None:
         seconds = update(episodes)
         total = time.perf_counter() - start
         t = rollout.last_timings
-        return {"total": total, "generation": t["generation"], "tool": t["tool"],
+        return {"total": total, "generation": t["generation"], "tool": t["tool_wall"],
                 "update": seconds, "collect": collected - start,
                 "turns": sum(e.turns for e in episodes)}  # fmt: skip
 

@@ -31,6 +31,10 @@ collection before the update: every open environment exits under the
 original exception first, then ``EpisodeFailure`` / ``EpisodeCancelled`` is raised with the
 partial episode and the original as ``__cause__``.
 
+``last_timings`` holds the seconds of the latest collection: ``generation`` (policy calls),
+``tool`` (environment time summed over slots), ``tool_wall`` (wall time of the concurrent
+environment calls), ``collection`` and ``pack``.
+
 Clocks: the Trainer calls ``at_step(step, updates)`` before each collection (attempted step,
 committed updates; actions carry ``updates`` as ``policy_step``). Called without it, the
 rollout counts its own collections from 1 and uses ``step - 1`` as the update clock.
@@ -177,6 +181,7 @@ class EpisodeRollout:
         self._calls = 0
         self._current: Slot | None = None
         self._shards = 1
+        self._tool_wall = 0.0
         self.last_episodes: list[Episode] = []
         self.last_timings: dict[str, float] = {}
 
@@ -331,6 +336,13 @@ class EpisodeRollout:
     def _concurrently(self, calls: list[tuple[Any, tuple[Any, ...], Slot]]) -> None:
         """Run environment calls on the rollout's threads; the first failure (in slot order)
         is raised after all of them returned, with its slot marked as the culprit."""
+        start = time.perf_counter()
+        try:
+            self._run_calls(calls)
+        finally:
+            self._tool_wall += time.perf_counter() - start
+
+    def _run_calls(self, calls: list[tuple[Any, tuple[Any, ...], Slot]]) -> None:
         if self.environment_threads <= 1 or len(calls) <= 1:
             for function, args, slot in calls:
                 self._current = slot
@@ -404,6 +416,7 @@ class EpisodeRollout:
         timings = {"generation": 0.0}
         start = time.perf_counter()
         self._current = None
+        self._tool_wall = 0.0
         try:
             self._phase(self._open_all, slots, tasks, clocks, key, variables)
             for turn in range(self.max_turns):
@@ -418,6 +431,7 @@ class EpisodeRollout:
         finally:
             bar.close()
         timings["tool"] = sum(s.tool_seconds for s in slots)
+        timings["tool_wall"] = self._tool_wall
         timings["collection"] = time.perf_counter() - start
         self.last_timings = timings
         self.last_episodes = [s.episode() for s in slots]
