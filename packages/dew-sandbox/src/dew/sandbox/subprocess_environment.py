@@ -55,6 +55,21 @@ _CHUNK = 1 << 16
 _STDERR_TAIL = 4096
 
 
+_FORK_WARNING_QUIET = False
+
+
+def _quiet_fork_warning() -> None:
+    """Silence, once, the warning JAX attaches to every fork: the launcher's child only sets
+    limits and execs. (A process-wide filter, because ``catch_warnings`` is not thread-safe
+    and sessions are entered from several threads.)"""
+    global _FORK_WARNING_QUIET
+    if not _FORK_WARNING_QUIET:
+        warnings.filterwarnings(
+            "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
+        )
+        _FORK_WARNING_QUIET = True
+
+
 class SubprocessEnvironmentError(RuntimeError):
     """Base class: the worker could not answer a request properly (the session is closed)."""
 
@@ -152,12 +167,8 @@ class SubprocessSession:
         self.marker = new_marker()
         env = {**sandbox_environment(self.directory, self.marker), **self.extra_env}
         try:
-            with warnings.catch_warnings():
-                # JAX warns on every fork; the launcher's child only sets limits and execs.
-                warnings.filterwarnings(
-                    "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
-                )
-                self.process = spawn(self.command, cwd=self.directory, env=env, limits=self.limits)
+            _quiet_fork_warning()
+            self.process = spawn(self.command, cwd=self.directory, env=env, limits=self.limits)
         except BaseException:
             shutil.rmtree(self.directory, ignore_errors=True)
             self.directory = None
