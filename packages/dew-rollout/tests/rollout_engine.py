@@ -163,3 +163,29 @@ def prompt_log_probs(url: str, prompt: list[int], timeout: float = 120.0) -> np.
         [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], prompt[1:])],
         np.float32,
     )
+
+
+def score_chains(
+    pretrained: Pretrained,
+    variables: Any,
+    chains: list[list[int]],
+    temperature: float | None = None,
+) -> list[np.ndarray]:
+    """Dew's log-probability of every id after the first of each chain, `[len - 1]` each,
+    from one `packed_log_probs` call over all chains packed into one row."""
+    from dew.objectives.rl.grpo import packed_log_probs
+
+    ids = np.concatenate([np.asarray(c, np.int32) for c in chains])[None]
+    segments = np.concatenate([np.full(len(c), i + 1, np.int32) for i, c in enumerate(chains)])
+    positions = np.concatenate([np.arange(len(c), dtype=np.int32) for c in chains])
+    batch = {
+        "input_ids": ids,
+        "text_segment_ids": segments[None],
+        "text_positions": positions[None],
+    }
+    scored = np.asarray(packed_log_probs(pretrained.model, variables, batch, temperature))[0]
+    out, start = [], 0
+    for chain in chains:
+        out.append(scored[start + 1 : start + len(chain)])
+        start += len(chain)
+    return out

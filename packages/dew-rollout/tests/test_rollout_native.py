@@ -10,10 +10,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rollout_engine import tiny_pretrained
+from rollout_engine import score_chains, tiny_pretrained
 
 from dew.inference import Server
-from dew.objectives.rl.grpo import packed_log_probs
 from dew.rollout import Draw, NativeRolloutServer, RolloutServer, ServerClosed
 from dew.sampling import Sampling
 
@@ -45,22 +44,14 @@ def reference(pretrained, prompt, budget, seed, **options):
     return server.run()[request]
 
 
-def scores(pretrained, variables, prompt, ids, temperature=None):
-    row = np.asarray([*prompt, *ids], np.int32)[None]
-    batch = {
-        "input_ids": row,
-        "text_segment_ids": np.ones_like(row),
-        "text_positions": np.arange(row.shape[1], dtype=np.int32)[None],
-    }
-    out = packed_log_probs(pretrained.model, variables, batch, temperature=temperature)
-    return np.asarray(out)[0, len(prompt) :]
-
-
 def test_draws_equal_the_server_and_carry_both_likelihoods(pretrained):
     with NativeRolloutServer(make_server(pretrained)) as server:
         assert isinstance(server, RolloutServer)
         futures = [server.submit(p, 6, seed=i) for i, p in enumerate(PROMPTS)]
         draws = [f.result(timeout=120) for f in futures]
+    chains = [[*prompt, *draw.ids.tolist()] for prompt, draw in zip(PROMPTS, draws)]
+    raw = score_chains(pretrained, pretrained.variables, chains)
+    tempered = score_chains(pretrained, pretrained.variables, chains, temperature=0.7)
     for i, (prompt, draw) in enumerate(zip(PROMPTS, draws)):
         assert isinstance(draw, Draw) and draw.version == 0 and not draw.eos
         want = reference(pretrained, prompt, 6, i)
@@ -68,16 +59,9 @@ def test_draws_equal_the_server_and_carry_both_likelihoods(pretrained):
         np.testing.assert_array_equal(draw.prompt_ids, prompt)
         assert draw.ids.shape == (6,) and draw.ids.dtype == np.int32
         # raw: the policy itself; behavior: the tempered distribution it sampled from
-        np.testing.assert_allclose(
-            draw.raw_log_probs,
-            scores(pretrained, pretrained.variables, prompt, draw.ids),
-            atol=2e-5,
-        )
-        np.testing.assert_allclose(
-            draw.behavior_log_probs,
-            scores(pretrained, pretrained.variables, prompt, draw.ids, temperature=0.7),
-            atol=2e-5,
-        )
+        start = len(prompt) - 1
+        np.testing.assert_allclose(draw.raw_log_probs, raw[i][start:], atol=2e-5)
+        np.testing.assert_allclose(draw.behavior_log_probs, tempered[i][start:], atol=2e-5)
         assert not np.allclose(draw.raw_log_probs, draw.behavior_log_probs)
 
 

@@ -18,10 +18,9 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from rollout_engine import SERVED_NAME, prompt_log_probs, tiny_pretrained
+from rollout_engine import SERVED_NAME, prompt_log_probs, score_chains, tiny_pretrained
 from rollout_fakes import FakeVLLM
 
-from dew.objectives.rl.grpo import packed_log_probs
 from dew.rollout import (
     MalformedResponse,
     OpenAICompletion,
@@ -44,13 +43,7 @@ def bf16(variables):
 
 def dew_scores(pretrained, variables, prompt, ids=()):
     """Dew's log-probability of every id after the first of prompt + ids."""
-    row = np.asarray([*prompt, *ids], np.int32)[None]
-    batch = {
-        "input_ids": row,
-        "text_segment_ids": np.ones_like(row),
-        "text_positions": np.arange(row.shape[1], dtype=np.int32)[None],
-    }
-    return np.asarray(packed_log_probs(pretrained.model, variables, batch))[0, 1:]
+    return score_chains(pretrained, variables, [[*prompt, *ids]])[0]
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +81,13 @@ def first(server, publication):
 
 def test_draws_carry_engine_ids_and_log_probs(first, pretrained):
     launch = bf16(pretrained.variables)
+    chains = [[*prompt, *draw.ids.tolist()] for prompt, draw in zip(PROMPTS, first)]
+    scored = score_chains(pretrained, launch, chains)
     worst = 0.0
-    for prompt, draw in zip(PROMPTS, first):
+    for prompt, draw, row in zip(PROMPTS, first, scored):
         assert draw.ids.shape == (BUDGET,) and draw.version == 0 and not draw.eos
         assert draw.ids.min() >= 0 and draw.ids.max() < 128 and draw.raw_log_probs is None
-        want = dew_scores(pretrained, launch, prompt, draw.ids)[len(prompt) - 1 :]
+        want = row[len(prompt) - 1 :]
         np.testing.assert_allclose(draw.behavior_log_probs, want, atol=TOLERANCE)
         worst = max(worst, float(np.abs(draw.behavior_log_probs - want).max()))
     print(f"draw log-probs vs Dew: max abs difference {worst:.3g}")
@@ -104,15 +99,15 @@ def test_after_a_push_prompt_log_probs_equal_dew(
     version = publication.version + 1
     publication.load(other.variables, version)
     assert publication.version == version
-    pushed = bf16(other.variables)
+    prompts = PROMPTS[:3]
+    ours = score_chains(other, bf16(other.variables), prompts)
+    launch = score_chains(pretrained, bf16(pretrained.variables), prompts)
     worst = 0.0
-    for prompt in PROMPTS[:3]:
+    for prompt, mine, before in zip(prompts, ours, launch):
         engine = prompt_log_probs(vllm_engine.engine.url, prompt)
-        ours = dew_scores(other, pushed, prompt)
-        np.testing.assert_allclose(engine, ours, atol=TOLERANCE)
-        worst = max(worst, float(np.abs(engine - ours).max()))
-        launch = dew_scores(pretrained, bf16(pretrained.variables), prompt)
-        assert np.abs(engine - launch).max() > 0.1  # the push really changed the model
+        np.testing.assert_allclose(engine, mine, atol=TOLERANCE)
+        worst = max(worst, float(np.abs(engine - mine).max()))
+        assert np.abs(engine - before).max() > 0.1  # the push really changed the model
     print(f"prompt log-probs after the push vs packed_log_probs: max abs difference {worst:.3g}")
 
 
