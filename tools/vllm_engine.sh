@@ -12,9 +12,12 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 venv="${DEW_VLLM_ENV:-$here/.envs/vllm}"
 links="$(python3 -m pip config get global.find-links 2>/dev/null || echo /opt/wheels)"
+# One build at a time per venv: a second caller waits here, then finds it complete.
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [ ! -x "$venv/bin/python" ] || [ ! -f "$venv/.complete" ]; then
     rm -rf "$venv"
-    mkdir -p "$(dirname "$venv")"
     uv venv --quiet --python 3.11 "$venv"
     # torch is pinned to the local CPU wheel; --find-links makes uv see it, and the pin
     # keeps the resolver off any CUDA build.
