@@ -181,3 +181,11 @@ def test_beta_freezes_the_starting_policy() -> None:
     assert float(same["kl/reference"]) == 0
     with pytest.raises(ValueError, match="beta > 0 needs the frozen starting policy"):
         objective.loss(state.params, batch, jax.random.key(0), None)
+    # evaluation and previews read the live policy, not the frozen one
+    images = {"image": np.zeros((2, 4, 4, 1), np.uint8), **SOURCE}
+    live = objective.evaluate(state.params, images, jax.random.key(4))
+    frozen = objective.evaluate(state.ema, images, jax.random.key(4))
+    assert float(live["weight"]) == 2 and float(live["loss"]) != float(frozen["loss"])
+    shown = objective.preview(state.params, SOURCE, jax.random.key(5))
+    assert shown.shape == (2, 4, 4, 1)
+    assert not np.allclose(shown, objective.preview(state.ema, SOURCE, jax.random.key(5)))

@@ -229,6 +229,24 @@ class FlowGRPOObjective(FlowModel):
             metrics["reward/mean"] = jnp.mean(jnp.asarray(batch["rewards"], jnp.float32))
         return loss_sum, weight, metrics
 
+    def evaluate(
+        self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
+    ) -> dict[str, jax.Array]:
+        """Validation on the live policy: the flow-matching ``loss`` (summed) and ``weight``.
+
+        The batch needs real images in the target field (a prompt-only batch has nothing to
+        compare with); one time and one noise per row come from ``key``.
+        """
+        self.inputs.check(batch, target=True)
+        x0 = self.to_latent(batch[self.inputs.target])
+        k_time, k_noise = jax.random.split(key)
+        t = self.process.sample_times(k_time, x0.shape[0])
+        noise = jax.random.normal(k_noise, x0.shape, jnp.float32)
+        xt = self.process.interpolate(x0, noise, t)
+        v = self.velocity(variables, xt, t, self.fields(batch), None)
+        losses = self.process.loss(v, x0, noise)
+        return {"loss": jnp.sum(losses), "weight": jnp.asarray(losses.shape[0], jnp.float32)}
+
     def preview(
         self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
     ) -> jax.Array:
