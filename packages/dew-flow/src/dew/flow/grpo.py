@@ -63,14 +63,19 @@ class FlowGRPOObjective(FlowModel):
     """Flow-GRPO on rectified flow.
 
     Args:
-      model, process, inputs, encoders, autoencoder, pretrained: as for
-        ``DiffusionObjective`` (the policy starts from ``pretrained``).
+      model: the flow model, as for ``DiffusionObjective``.
+      process: the ``Process``.
+      inputs: the ``InputSpec`` of the source batches.
       guidance: classifier-free guidance scale, or ``None`` for the plain conditional velocity.
       beta: weight of ``transition_kl`` to the frozen starting policy; ``> 0`` keeps that
         policy in ``TrainState.ema`` (``ema_decay`` 1.0), ``0`` keeps none.
       steps: time points (both ends) of :meth:`preview` and the default rollout length.
-      epsilon_low, epsilon_high: clip range ``[1 - low, 1 + high]`` of the ratio (Flow-GRPO's
+      encoders: ``{condition field: flax module}``, as for ``DiffusionObjective``.
+      autoencoder: optional frozen ``encode``/``decode`` pair (latent space).
+      pretrained: full variables mapping the policy starts from.
+      epsilon_low: lower clip range, the ratio is clipped at ``1 - epsilon_low`` (Flow-GRPO's
         released SD3 configuration uses ``1e-4``).
+      epsilon_high: upper clip range, the ratio is clipped at ``1 + epsilon_high``.
       advantage_clip: advantages are clipped to ``[-c, c]`` (Flow-GRPO's ``adv_clip_max``, 5);
         ``None`` disables it.
       behavior_importance: ``None``, a TIS cap or an IcePop ``(low, high)`` band, as in

@@ -39,7 +39,8 @@ class Process:
     Args:
       time_sampler: ``"logit-normal"`` (``t = sigmoid(loc + scale z)``, Esser et al. 2024) or
         ``"uniform"`` training times.
-      loc, scale: parameters of the logit-normal sampler.
+      loc: location of the logit-normal sampler.
+      scale: scale of the logit-normal sampler.
       shift: time-grid warp ``shift t / (1 + (shift - 1) t)`` used by the samplers (1: none;
         Stable Diffusion 3 uses 3).
       noise_level: the SDE sampler's ``a`` (Flow-GRPO's ``noise_level``, default 0.7).
