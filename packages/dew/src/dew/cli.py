@@ -39,6 +39,10 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...
     (("--keep",), "run.keep", int, "checkpoints to keep", None),
     (("--tensorboard",), "run.tensorboard", bool,
      "also write TensorBoard event files under RUN_DIR/tensorboard", None),
+    (("--trackers",), "run.trackers", str,
+     "more trackers besides RUN_DIR/metrics.jsonl, comma-separated: tensorboard, wandb "
+     "(offline unless WANDB_MODE says otherwise; the wandb extra), mlflow (a file store in "
+     "RUN_DIR/mlruns unless MLFLOW_TRACKING_URI is set; the mlflow extra)", None),
     (("--export",), "run.export", str,
      "after training, write the weights here as a Hugging Face directory (safetensors in "
      "--export-dtype)", None),
@@ -196,7 +200,7 @@ def _add_train_kind(kinds: Any, kind: str) -> None:
         default = _default(kind, key)
         shown = (
             ""
-            if "default" in text or "required" in text or default is dataclasses.MISSING
+            if "default" in text or "required" in text or default in (dataclasses.MISSING, "")
             else f" (default {default})"
         )
         options: dict[str, Any] = {"dest": key, "default": argparse.SUPPRESS,
@@ -367,9 +371,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from dew.quickstart.command import run_command
 
             return run_command(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         if debug:
             raise
+        from dew.trainer import TrainingInterrupted
+
+        if isinstance(err, TrainingInterrupted):  # SIGINT/SIGTERM: saved at a step boundary
+            print(f"dew: {err}", file=sys.stderr)
+            return 143 if err.signal_name == "SIGTERM" else 130
         print("dew: interrupted", file=sys.stderr)
         return 130
     except Exception as err:

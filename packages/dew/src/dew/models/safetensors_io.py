@@ -1,25 +1,24 @@
-"""Minimal safetensors reader and writer over numpy (bfloat16 included).
+"""Safetensors reading and writing through the `safetensors` library's numpy API.
 
-The `safetensors` package's numpy backend cannot read BF16 tensors, which most
-checkpoints use, so this module implements the (small) file format directly:
-an 8-byte little-endian header length, a JSON header mapping each name to
-`{"dtype", "shape", "data_offsets"}` (plus optional `"__metadata__"`), then the
-raw little-endian bytes. Format: https://github.com/huggingface/safetensors
-(README, "Format"). Reading memory-maps the file; writing goes to a temporary
-file that is moved into place with `os.replace`.
+`safetensors.safe_open(path, framework="numpy")` reads the header and each tensor (bfloat16
+arrives as an `ml_dtypes.bfloat16` array); `safetensors.numpy.save_file` writes, here into a
+temporary file that is fsynced and moved into place with `os.replace`. What this module adds
+is the error a person can act on: a truncated or malformed file raises `SafetensorsError`
+naming the file and what is wrong (the library's own message, which says which part of the
+header or data failed), and a tensor whose dtype Dew cannot use names the tensor.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import safetensors
+from safetensors.numpy import save_file
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -37,56 +36,56 @@ _NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 class SafetensorsError(ValueError):
-    """A malformed or unsupported safetensors file."""
+    """A malformed, truncated or unsupported safetensors file."""
+
+
+def _open(path: str | os.PathLike[str]) -> safetensors.safe_open:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such safetensors file")
+    if os.path.getsize(path) < 8:
+        raise SafetensorsError(
+            f"{path}: {os.path.getsize(path)} bytes, too short to be a safetensors file"
+        )
+    try:
+        return safetensors.safe_open(os.fspath(path), framework="numpy")
+    except (safetensors.SafetensorError, OSError, ValueError) as error:
+        raise SafetensorsError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict[str, dict], int]:
-    """The tensor entries of `path` (without `__metadata__`) and the data start offset."""
-    with open(path, "rb") as handle:
-        raw = handle.read(8)
-        if len(raw) != 8:
-            raise SafetensorsError(f"{path}: too short to be a safetensors file")
-        (size,) = struct.unpack("<Q", raw)
-        if size > 100_000_000:
-            raise SafetensorsError(f"{path}: header length {size} is not plausible")
-        try:
-            header = json.loads(handle.read(size))
-        except json.JSONDecodeError as error:
-            raise SafetensorsError(f"{path}: header is not JSON ({error})") from error
-    header.pop("__metadata__", None)
-    return header, 8 + size
+    """``({name: {"dtype", "shape"}}, 0)``: every tensor's dtype code and shape.
+
+    (The second value, once the data offset, is kept for callers of the old signature.)
+    """
+    with _open(path) as handle:
+        header = {}
+        for name in handle.keys():
+            piece = handle.get_slice(name)
+            header[name] = {"dtype": piece.get_dtype(), "shape": list(piece.get_shape())}
+    return header, 0
 
 
 def load(path: str | os.PathLike[str], names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-    """Read tensors (all, or `names`) from `path` as numpy arrays (copies).
+    """Read tensors (all, or `names`) from `path` as numpy arrays.
 
-    Raises `SafetensorsError` naming the tensor for an unknown dtype or a
-    byte range that does not match its shape.
+    Raises `SafetensorsError` naming the file and tensor for a missing tensor or one whose
+    dtype is not among `DTYPES`.
     """
-    header, start = read_header(path)
-    wanted = list(header) if names is None else list(names)
-    data = np.memmap(path, dtype=np.uint8, mode="r")
     out: dict[str, np.ndarray] = {}
-    for name in wanted:
-        if name not in header:
-            raise SafetensorsError(f"{path}: no tensor named {name!r}")
-        entry = header[name]
-        code = entry.get("dtype")
-        if code not in DTYPES:
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} has dtype {code!r}; supported: {sorted(DTYPES)}"
-            )
-        dtype = DTYPES[code]
-        shape = tuple(int(d) for d in entry["shape"])
-        begin, end = (int(x) for x in entry["data_offsets"])
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if end - begin != expected or start + end > data.size:
-            raise SafetensorsError(
-                f"{path}: tensor {name!r} of shape {shape} and dtype {code} needs "
-                f"{expected} bytes, the header gives {end - begin}"
-            )
-        chunk = np.asarray(data[start + begin : start + end])
-        out[name] = chunk.view(dtype.newbyteorder("<")).reshape(shape).astype(dtype, copy=True)
+    with _open(path) as handle:
+        present = set(handle.keys())
+        for name in list(present) if names is None else list(names):
+            if name not in present:
+                raise SafetensorsError(f"{path}: no tensor named {name!r}")
+            code = handle.get_slice(name).get_dtype()
+            if code not in DTYPES:
+                raise SafetensorsError(
+                    f"{path}: tensor {name!r} has dtype {code!r}; supported: {sorted(DTYPES)}"
+                )
+            try:
+                out[name] = np.array(handle.get_tensor(name), dtype=DTYPES[code], copy=True)
+            except (safetensors.SafetensorError, OSError, ValueError) as error:
+                raise SafetensorsError(f"{path}: tensor {name!r} is unreadable ({error})") from None
     return out
 
 
@@ -104,33 +103,20 @@ def save(
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write `tensors` to `path` atomically (temporary file, fsync, `os.replace`)."""
-    header: dict[str, object] = {"__metadata__": dict(metadata or {"format": "pt"})}
-    offset = 0
-    arrays = []
+    arrays = {}
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
-        nbytes = array.nbytes
-        header[name] = {
-            "dtype": dtype_code(array.dtype),
-            "shape": list(array.shape),
-            "data_offsets": [offset, offset + nbytes],
-        }
-        arrays.append(array)
-        offset += nbytes
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
+        dtype_code(array.dtype)  # refuse what safetensors cannot hold, naming the dtype
+        arrays[name] = array
     target = Path(path)
     fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
     umask = os.umask(0)
     os.umask(umask)
     try:
         os.chmod(temp, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(struct.pack("<Q", len(encoded)))
-            handle.write(encoded)
-            for array in arrays:
-                handle.write(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-            handle.flush()
+        save_file(arrays, temp, metadata=dict(metadata or {"format": "pt"}))
+        with open(temp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temp, target)
     except BaseException:

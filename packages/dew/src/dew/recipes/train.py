@@ -276,7 +276,8 @@ def run_train(config: TrainConfig) -> Any:
     trainer = Trainer(prepared.objective, optimizer, key=jax.random.key(r.seed),
                       rollout=prepared.rollout, microbatches=r.microbatches, fsdp=r.fsdp,
                       checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
-                      tensorboard=r.tensorboard, progress=r.progress)  # fmt: skip
+                      tensorboard=r.tensorboard, trackers=r.tracker_names(),
+                      progress=r.progress)  # fmt: skip
     write_config(config)
     state = trainer.fit(prepared.data, steps=r.steps, log_every=r.log_every,
                         eval_every=r.eval_every, run_dir=r.run_dir)  # fmt: skip

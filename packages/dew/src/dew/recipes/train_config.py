@@ -52,8 +52,17 @@ class RunConfig:
     export: str | None = None
     export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     progress: bool | None = None
+    trackers: str = ""
 
     def __post_init__(self) -> None:
+        from dew.trainer.tracker import TRACKERS
+
+        for name in self.tracker_names():
+            if name not in TRACKERS:
+                raise ConfigError(
+                    f"run.trackers: expected names from {', '.join(TRACKERS)} separated by "
+                    f"commas, got {name!r}"
+                )
         for name in ("steps", "batch", "microbatches", "log_every", "eval_every",
                      "checkpoint_every", "keep"):  # fmt: skip
             positive(getattr(self, name), f"run.{name}")
@@ -61,6 +70,10 @@ class RunConfig:
             raise ConfigError(
                 f"run.microbatches: {self.microbatches} does not divide run.batch {self.batch}"
             )
+
+    def tracker_names(self) -> list[str]:
+        """``trackers`` as a list (``"wandb,mlflow"`` -> ``["wandb", "mlflow"]``)."""
+        return [name.strip() for name in self.trackers.split(",") if name.strip()]
 
 
 @dataclasses.dataclass(frozen=True)

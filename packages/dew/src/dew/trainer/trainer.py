@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -23,9 +23,10 @@ from dew.objectives.base import Objective, validate_ema_decay
 from dew.trainer import checkpoint as ckpt
 from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.trainer.progress import Progress
+from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
 from dew.trainer.step import make_init, make_step
-from dew.trainer.tracker import JsonlTracker, TensorBoardTracker, Tracker
+from dew.trainer.tracker import Tracker, make_tracker
 
 Rollout = Callable[[Any, dict[str, Any], jax.Array], Mapping[str, Any]]
 
@@ -45,6 +46,11 @@ def _find_learning_rate(opt_state: Any) -> Any:
         if isinstance(node, tuple | list):
             stack.extend(node)
     return None
+
+
+def _to_host(metrics: Any) -> Any:
+    """The one place the loop copies a step's metrics to the host (tests watch it)."""
+    return jax.device_get(metrics)
 
 
 def _count_tokens(batch: Mapping[str, Any]) -> int:
@@ -73,10 +79,18 @@ class Trainer:
       checkpoint_every: save every this many steps when ``fit`` has a ``run_dir`` (the last
         step is always saved).
       keep_checkpoints: how many checkpoints to keep.
-      tensorboard: also write TensorBoard scalars under ``run_dir/tensorboard``.
+      tensorboard: also write TensorBoard scalars under ``run_dir/tensorboard`` (the same as
+        adding ``"tensorboard"`` to ``trackers``).
+      trackers: where records go besides ``run_dir/metrics.jsonl`` (always written when
+        ``fit`` has a run directory): names (``"tensorboard"``, ``"wandb"``, ``"mlflow"``)
+        made for the run directory, or objects with ``write(record)`` and ``close()``
+        (``dew.trainer.tracker``).
       learning_rate: a float or schedule, only for logging when the optimizer does not expose
         one through ``optax.inject_hyperparams``.
-      progress: draw a progress bar (``None``: only when stderr is a terminal).
+      progress: draw a progress bar (``None``: only when stderr is a terminal; otherwise a
+        plain line on stderr each time metrics are logged). The bar shows the previous
+        step's loss, which the one-step metrics lag has already brought to the host, so
+        drawing it never waits for the device.
     """
 
     def __init__(
@@ -92,6 +106,7 @@ class Trainer:
         checkpoint_every: int | None = None,
         keep_checkpoints: int = 3,
         tensorboard: bool = False,
+        trackers: Sequence[Any] = (),
         learning_rate: float | Callable[[int], Any] | None = None,
         progress: bool | None = None,
     ) -> None:
@@ -112,6 +127,9 @@ class Trainer:
         self.checkpoint_every = checkpoint_every
         self.keep_checkpoints = keep_checkpoints
         self.tensorboard = tensorboard
+        self.trackers = list(trackers)
+        if "tensorboard" in self.trackers:
+            self.tensorboard = True
         self.learning_rate = learning_rate
         self.progress = progress
         self.mesh = data_mesh(devices)
@@ -196,7 +214,9 @@ class Trainer:
         instead of ``initial_state()`` (a checkpoint in ``run_dir`` wins).
 
         Raises ``NonFiniteLossError`` naming the step whose loss was not finite; that step
-        is not saved, so the newest checkpoint stays the last good one.
+        is not saved, so the newest checkpoint stays the last good one. On SIGINT or SIGTERM
+        the step in flight finishes, a checkpoint of it is saved (with ``run_dir``) and
+        ``TrainingInterrupted`` is raised; running ``fit`` again resumes from there.
         """
         if not isinstance(data, Dataset):
             raise TypeError(f"data: expected a dew.data.Dataset, got {type(data).__name__}")
@@ -216,23 +236,31 @@ class Trainer:
             if restored is not None:
                 state = ckpt.restore_into(state, self._shardings, restored)
                 position = restored.position
-        trackers: list[Tracker] = []
-        if run_dir is not None and lead:
-            trackers.append(JsonlTracker(os.path.join(run_dir, "metrics.jsonl")))
-            if self.tensorboard:
-                trackers.append(TensorBoardTracker(os.path.join(run_dir, "tensorboard")))
         start = int(jax.device_get(state.step))
+        trackers: list[Tracker] = []
+        if lead:
+            specs = [s for s in self.trackers if s not in ("jsonl", "tensorboard")]
+            if run_dir is not None:
+                specs = ["jsonl", *(["tensorboard"] if self.tensorboard else []), *specs]
+            for spec in specs:
+                if isinstance(spec, str) and run_dir is None:
+                    raise ValueError(f"trackers: {spec!r} needs fit(run_dir=...)")
+                trackers.append(make_tracker(spec, run_dir or "", start))
         stream = data.stream(partition, start=position) if start < steps else iter(())
         step_fn = self._step()
-        progress = Progress(steps, start, enabled=self.progress if lead else False)
+        progress = Progress(steps, start, enabled=self.progress if lead else False,
+                            lines=None if lead else False)  # fmt: skip
+        if lead and start > 0 and run_dir is not None and start < steps:
+            progress.message(f"dew: resuming from step {start} ({run_dir})")
         pending: tuple[int, Any] | None = None
         tokens = 0
         t_last = time.perf_counter()
         last_saved = start if run_dir is not None and position else None
+        stop = StopRequest()
 
         def check(entry: tuple[int, Any]) -> dict[str, float]:
             number, metrics = entry
-            host = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            host = {k: float(v) for k, v in _to_host(metrics).items()}
             if not math.isfinite(host["loss"]):
                 raise NonFiniteLossError(
                     f"step {number}: the loss is {host['loss']} (not finite); stopped without "
@@ -258,6 +286,7 @@ class Trainer:
             last_saved = number
 
         try:
+            stop.__enter__()
             for number in range(start + 1, steps + 1):
                 try:
                     local = next(stream)
@@ -276,13 +305,14 @@ class Trainer:
                     local = dict(self.rollout(state.params, local, key))
                 tokens += _count_tokens(local) * jax.process_count()
                 state, metrics = step_fn(state, global_batch(local, self.mesh))
-                if pending is not None:
-                    check(pending)
+                if pending is not None:  # the previous step: done by now, no wait
+                    progress.update(pending[0], check(pending)["loss"])
                 pending = (number, metrics)
                 log_now = log_every is not None and number % log_every == 0
                 ckpt_now = self.checkpoint_every is not None and number % self.checkpoint_every == 0
                 eval_now = eval_every is not None and number % eval_every == 0
-                if log_now or ckpt_now or eval_now or number == steps or progress.enabled:
+                stopping = stop.signal_name is not None
+                if log_now or ckpt_now or eval_now or number == steps or stopping:
                     host = check(pending)
                     pending = None
                     progress.update(number, host["loss"])
@@ -295,17 +325,22 @@ class Trainer:
                         lr = self._learning_rate(state, number)
                         if lr is not None:
                             record["learning_rate"] = lr
+                        progress.log(record)
                     if eval_now:
                         for name, value in self.evaluate(state.params, data).items():
                             record[f"val/{name}"] = value
                     if len(record) > 1 and (log_now or eval_now or number == steps):
                         for tracker in trackers:
                             tracker.write(record)
-                    if ckpt_now or number == steps:
+                    if ckpt_now or number == steps or stopping:
                         save(number)
+                if stopping and number < steps:
+                    assert stop.signal_name is not None
+                    raise TrainingInterrupted(number, stop.signal_name, run_dir)
             if pending is not None:
                 check(pending)
         finally:
+            stop.__exit__()
             progress.close()
             for tracker in trackers:
                 tracker.close()
@@ -325,4 +360,4 @@ class Trainer:
         return None if lr is None else float(jax.device_get(lr))
 
 
-__all__ = ["NonFiniteLossError", "TrainState", "Trainer"]
+__all__ = ["NonFiniteLossError", "TrainState", "Trainer", "TrainingInterrupted"]
