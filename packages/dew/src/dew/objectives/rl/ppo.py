@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.base import validate_pretrained
-from dew.objectives.rl.grpo import GRPOObjective, packed_log_probs, policy_loss_from_log_probs
+from dew.objectives.rl.grpo import GRPOObjective, policy_loss_from_log_probs
+from dew.objectives.scoring import packed_log_probs, same_chain
 from dew.rl import clipped_value_loss_terms, masked_mean
 
 _UNSET = object()
@@ -110,8 +111,7 @@ def packed_values(
             f"{tuple(ids.shape[:1]) + (ids.shape[1] - 1,)}, got {tuple(values.shape)}"
         )
     values = values.astype(jnp.float32)
-    same_chain = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] > 0)
-    values = jnp.where(same_chain, values, 0.0)
+    values = jnp.where(same_chain(segments), values, 0.0)
     return jnp.concatenate([jnp.zeros_like(values[:, :1]), values], axis=1)
 
 

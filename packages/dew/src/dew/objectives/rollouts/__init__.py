@@ -8,6 +8,8 @@
 - ``metrics``: ``session_metrics``, host diagnostics of one batch of sessions.
 - ``sampled``: ``SampledRollout``, the Trainer's ``rollout=`` hook that samples completions
   with ``dew.inference``, scores them with a reward function and packs them.
+- ``ppo``: ``PPORollout`` and ``episode_targets`` (GAE over packed episodes for PPO).
+- ``policy``: ``SubtreePolicy``, a sampler bound to the policy part of a larger tree.
 
 Names resolve lazily, so reading the records does not import the inference engine.
 """
@@ -33,6 +35,10 @@ _NAMES: dict[str, str] = {
     "RewardError": "sampled",
     "SampledRollout": "sampled",
     "default_decode": "sampled",
+    "PPORollout": "ppo",
+    "SingleActionError": "ppo",
+    "episode_targets": "ppo",
+    "SubtreePolicy": "policy",
 }
 
 
