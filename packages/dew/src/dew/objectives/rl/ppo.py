@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.base import validate_pretrained
-from dew.objectives.rl.grpo import GRPOObjective, policy_loss_from_log_probs
+from dew.objectives.rl.grpo import GRPOObjective
+from dew.objectives.rl.policy_loss import compute_policy_loss
 from dew.objectives.scoring import packed_log_probs, same_chain
 from dew.rl import clipped_value_loss_terms, masked_mean
 
@@ -377,8 +378,8 @@ class PPOObjective:
                     self.model, self._as_policy(reference), batch, self.sampling_temperature
                 )
             )
-        policy_sum, weight, metrics = policy_loss_from_log_probs(
-            log_probs, batch, ref_log_probs=ref_log_probs, **self.options()
+        policy_sum, weight, metrics = compute_policy_loss(
+            log_probs, batch, self._policy.loss_options, ref_log_probs
         )
         mask = (jnp.asarray(batch["response_mask"]) > 0) & (
             jnp.asarray(batch["text_segment_ids"]) > 0

@@ -1,0 +1,359 @@
+"""GRPO's policy loss over per-token log-probs, composed as correction -> surrogate -> aggregation.
+
+``compute_policy_loss(log_probs, batch, options, ref_log_probs)`` runs four small steps over a packed
+batch (``[B, W]`` columns as ``dew.objectives.rollouts.pack`` writes them):
+
+1. ``read_inputs``: the trainable mask, advantages, and which likelihoods play *old* and
+   *proximal*, by mode (below).
+2. ``correct``: the rollout correction. It shrinks the kept mask (bands, sequence masks),
+   may weight tokens (TIS cap, IcePop band) and reports the mismatch metrics.
+3. ``surrogate``: the per-token policy terms of ``"ppo"``, ``"gspo"`` or ``"cispo"``, then the
+   k3 KL to the reference when ``beta > 0``.
+4. ``aggregate``: ``"token-mean"`` or ``"session-mean"`` into ``(loss_sum, weight)``.
+
+``PolicyLossOptions`` (``dew.objectives.rl.policy_options``) holds the static options and
+checks them once, when it is built (``GRPOObjective`` builds it in its constructor); the steps only branch on those options and
+on which fields the batch holds, so everything stays jit-safe.
+
+Two modes, as in verl 0.9.1:
+
+- decoupled (the batch has ``old_log_probs``): the PPO ratio is current over old;
+  ``behavior_importance`` weights each token by old over behavior (a TIS cap, or an IcePop
+  band that zeroes weights outside it, ``compute_rollout_correction_weights``), and the
+  sequence masks compare old with behavior and drop whole chains from the loss
+  (``compute_rollout_rejection_mask`` ``seq_sum_k1`` / ``seq_mean_k1``), as verl's trainer
+  does before the actor update.
+- bypass (no ``old_log_probs``): the behavior likelihoods stand in for the old policy
+  (``compute_policy_loss_bypass_mode`` with ``loss_type="ppo_clip"``). The ratio then already
+  is current over behavior, so a band only masks tokens whose detached current/behavior ratio
+  leaves it (verl ``token_k1`` with thresholds ``1/high_1/low``) and the sequence masks compare
+  the detached current policy with behavior. A TIS cap is refused: it would count the same
+  correction twice.
+
+Rejected tokens leave the loss and its denominator, the KL term included: the KL is averaged
+over the same kept tokens as the policy term. That is verl's decoupled behaviour (its trainer
+rewrites ``response_mask`` before the actor sees it); in bypass mode verl rejects inside the
+policy loss only and averages its KL over the unrejected mask, which Dew does not copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from dew.objectives.rl.policy_options import (
+    AGGREGATIONS,
+    POLICY_LOSSES,
+    SESSION_EPS,
+    PolicyLossOptions,
+)
+from dew.rl import (
+    behavior_importance_weights,
+    cispo_terms,
+    clipped_surrogate_terms,
+    icepop_weights,
+    k3_kl,
+    masked_mean,
+    sequence_log_ratio,
+    sequence_rejection_mask,
+    token_log_ratio,
+    token_rejection_mask,
+)
+
+Metrics = dict[str, jax.Array]
+
+
+class Inputs(NamedTuple):
+    """What the steps read from the batch, aligned with ``log_probs`` ``[B, W]``."""
+
+    mask: jax.Array  # bool: trainable (sampled, not padding)
+    segments: jax.Array | None  # int32 chain ids, when the batch has them
+    advantages: jax.Array
+    behavior: jax.Array | None  # the engine's likelihoods, when the batch has them
+    old: jax.Array  # the ratio's denominator
+    proximal: jax.Array  # what the corrections compare with behavior
+    bypass: bool  # no old_log_probs: behavior stands in for old
+
+
+def _field(batch: Mapping[str, jax.Array], name: str, like: jax.Array) -> jax.Array:
+    if name not in batch:
+        raise KeyError(f"batch[{name!r}]: missing; a packed GRPO batch needs it")
+    value = jnp.asarray(batch[name])
+    if value.shape != like.shape:
+        raise ValueError(
+            f"batch[{name!r}]: expected shape {like.shape} aligned with input_ids, got {value.shape}"
+        )
+    return value
+
+
+def read_inputs(
+    log_probs: jax.Array, batch: Mapping[str, jax.Array], options: PolicyLossOptions
+) -> Inputs:
+    """Step 1: the mask, advantages and the old/proximal likelihoods of the batch's mode."""
+    dtype = log_probs.dtype
+    mask = _field(batch, "response_mask", log_probs) > 0
+    segments = None
+    if "text_segment_ids" in batch:
+        segments = _field(batch, "text_segment_ids", log_probs).astype(jnp.int32)
+        mask = mask & (segments > 0)
+    advantages = _field(batch, "advantages", log_probs).astype(dtype)
+    bypass = "old_log_probs" not in batch
+    has_behavior = "behavior_log_probs" in batch
+    if (bypass or options.corrected) and not has_behavior:
+        why = "the batch has no old_log_probs (bypass mode)" if bypass else "a correction is set"
+        raise KeyError(f"batch['behavior_log_probs']: missing; required because {why}")
+    behavior = None
+    if has_behavior:
+        behavior = _field(batch, "behavior_log_probs", log_probs).astype(dtype)
+    if bypass:
+        if isinstance(options.behavior_importance, float):
+            raise ValueError(
+                "behavior_importance: a TIS cap needs old_log_probs in the batch; without them "
+                "(bypass mode) the PPO ratio already is current over behavior and a cap would "
+                "count that correction twice. Use a (low, high) band or rescore old_log_probs."
+            )
+        assert behavior is not None
+        old, proximal = behavior, jax.lax.stop_gradient(log_probs)
+    else:
+        old = _field(batch, "old_log_probs", log_probs).astype(dtype)
+        proximal = old
+    return Inputs(mask, segments, advantages, behavior, old, proximal, bypass)
+
+
+def correct(
+    inputs: Inputs, options: PolicyLossOptions
+) -> tuple[jax.Array, jax.Array | None, Metrics]:
+    """Step 2: ``(keep [B, W] bool, token weights or None, metrics)`` of the correction."""
+    mask, behavior, proximal = inputs.mask, inputs.behavior, inputs.proximal
+    metrics: Metrics = {}
+    keep = mask
+    weights = None
+    importance = options.behavior_importance
+    if behavior is not None:
+        if inputs.bypass and isinstance(importance, tuple):
+            low, high = importance
+            band = token_rejection_mask(proximal, behavior, mask, 1.0 / high, 1.0 / low)
+            metrics["mask/behavior_band"] = masked_mean((~band).astype(jnp.float32), mask)
+            keep = keep & band
+        elif isinstance(importance, tuple):
+            weights = icepop_weights(proximal, behavior, mask, *importance)
+            outside = (weights == 0) & mask
+            metrics["mask/behavior_band"] = masked_mean(outside.astype(jnp.float32), mask)
+        elif importance is not None:
+            weights = behavior_importance_weights(proximal, behavior, mask, importance)
+        for name, bounds, mean in (
+            ("sequence", options.sequence_mask, False),
+            ("geometric", options.geometric_mask, True),
+        ):
+            if bounds is None:
+                continue
+            kept = (
+                sequence_rejection_mask(
+                    proximal,
+                    behavior,
+                    mask,
+                    bounds[0],
+                    bounds[1],
+                    mean=mean,
+                    segments=inputs.segments,
+                )
+                > 0
+            )
+            metrics[f"mask/{name}"] = masked_mean((mask & ~kept).astype(jnp.float32), mask)
+            keep = keep & kept
+        metrics.update(mismatch_metrics(proximal, behavior, mask, weights, importance))
+    metrics["mask/kept_share"] = masked_mean(keep.astype(jnp.float32), mask)
+    return keep, weights, metrics
+
+
+def surrogate(
+    log_probs: jax.Array,
+    inputs: Inputs,
+    keep: jax.Array,
+    weights: jax.Array | None,
+    options: PolicyLossOptions,
+    ref_log_probs: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, Metrics]:
+    """Step 3: ``(policy terms, per-token loss with the KL, metrics)``, both ``[B, W]``."""
+    old, advantages = inputs.old, inputs.advantages
+    low, high = options.epsilon_low, options.epsilon_high
+    if options.policy_loss == "ppo":
+        log_ratio = token_log_ratio(log_probs, old)
+        terms, pg = clipped_surrogate_terms(
+            log_ratio, advantages, keep, low, high, options.dual_clip
+        )
+    elif options.policy_loss == "gspo":
+        log_ratio = sequence_log_ratio(log_probs, old, keep, inputs.segments)
+        terms, pg = clipped_surrogate_terms(log_ratio, advantages, keep, low, high, None)
+        pg = {**pg, "ppo_kl": masked_mean(-(log_probs - old), keep)}
+    else:
+        terms, pg = cispo_terms(log_probs, old, advantages, keep, low, high)
+    if weights is not None:
+        terms = terms * weights
+    metrics: Metrics = {
+        "policy/clip_fraction": pg["pg_clipfrac"],
+        "policy/clip_fraction_lower": pg.get("pg_clipfrac_lower", jnp.zeros((), jnp.float32)),
+        "policy/ppo_kl": pg["ppo_kl"],
+    }
+    per_token = jnp.where(keep, terms, 0.0)
+    metrics["policy/advantage"] = masked_mean(advantages, keep)
+    if options.beta > 0:
+        if ref_log_probs is None:
+            raise ValueError("ref_log_probs: beta > 0 needs the reference's log-probs, got None")
+        dtype = log_probs.dtype
+        safe_ref = jnp.where(keep, ref_log_probs.astype(dtype), 0.0)
+        kl = jnp.where(keep, k3_kl(jnp.where(keep, log_probs, 0.0), safe_ref), 0.0)
+        metrics["kl/reference"] = masked_mean(kl, keep)
+        per_token = per_token + jnp.asarray(options.beta, dtype) * kl
+    return terms, per_token, metrics
+
+
+def _session_totals(
+    values: jax.Array, keep: jax.Array, session_index: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Per-session sum of ``values`` over ``keep`` and kept count, over dense session slots."""
+    flat = jnp.where(keep, session_index, -1).reshape(-1)
+    _, dense = jnp.unique(flat, size=flat.size, fill_value=-1, return_inverse=True)
+    dense = dense.reshape(-1)
+    totals = jax.ops.segment_sum(
+        jnp.where(keep, values, 0.0).reshape(-1), dense, num_segments=flat.size
+    )
+    counts = jax.ops.segment_sum(keep.reshape(-1).astype(jnp.int32), dense, num_segments=flat.size)
+    return totals, counts
+
+
+def aggregate(
+    terms: jax.Array,
+    per_token: jax.Array,
+    keep: jax.Array,
+    batch: Mapping[str, jax.Array],
+    options: PolicyLossOptions,
+    dtype: Any,
+) -> tuple[jax.Array, jax.Array, Metrics]:
+    """Step 4: ``(loss_sum, weight, {"policy/loss", "tokens"})`` under the aggregation."""
+    if options.aggregation == "token-mean":
+        loss_sum = jnp.sum(per_token)
+        weight = jnp.sum(keep).astype(dtype)
+        policy = jnp.sum(jnp.where(keep, terms, 0.0)) / jnp.maximum(weight, 1)
+    else:
+        session_index = _field(batch, "session_index", per_token).astype(jnp.int32)
+        eps = jnp.asarray(SESSION_EPS, dtype)
+        totals, counts = _session_totals(per_token, keep, session_index)
+        present = counts > 0
+        means = totals / (counts.astype(dtype) + eps)
+        loss_sum = jnp.sum(jnp.where(present, means, 0.0))
+        weight = jnp.sum(present).astype(dtype)
+        pg_totals, _ = _session_totals(terms, keep, session_index)
+        pg_means = pg_totals / (counts.astype(dtype) + eps)
+        policy = jnp.sum(jnp.where(present, pg_means, 0.0)) / jnp.maximum(weight, 1)
+    metrics = {"policy/loss": policy, "tokens": jnp.sum(keep).astype(jnp.float32)}
+    return loss_sum, weight, metrics
+
+
+def compute_policy_loss(
+    log_probs: jax.Array,
+    batch: Mapping[str, jax.Array],
+    options: PolicyLossOptions,
+    ref_log_probs: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, Metrics]:
+    """``(loss_sum, weight, metrics)`` of the policy loss; the four steps in order."""
+    inputs = read_inputs(log_probs, batch, options)
+    keep, weights, metrics = correct(inputs, options)
+    terms, per_token, surrogate_metrics = surrogate(
+        log_probs, inputs, keep, weights, options, ref_log_probs
+    )
+    loss_sum, weight, aggregate_metrics = aggregate(
+        terms, per_token, keep, batch, options, log_probs.dtype
+    )
+    metrics = {**metrics, **surrogate_metrics, **aggregate_metrics}
+    return loss_sum, weight, jax.lax.stop_gradient(metrics)
+
+
+def policy_loss_from_log_probs(
+    log_probs: jax.Array,
+    batch: Mapping[str, jax.Array],
+    *,
+    policy_loss: str = "ppo",
+    aggregation: str = "token-mean",
+    beta: float = 0.0,
+    ref_log_probs: jax.Array | None = None,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    dual_clip: float | None = 3.0,
+    behavior_importance: float | tuple[float, float] | None = None,
+    sequence_mask: tuple[float, float] | None = None,
+    geometric_mask: tuple[float, float] | None = None,
+) -> tuple[jax.Array, jax.Array, Metrics]:
+    """GRPO's ``(loss_sum, weight, metrics)`` from per-token log-probs ``[B, W]``.
+
+    ``log_probs`` is aligned with ``batch["input_ids"]`` (what ``packed_log_probs``
+    returns); ``ref_log_probs`` likewise, needed when ``beta > 0``. The options mean what
+    they mean on ``GRPOObjective``; they are checked here on every call, so a caller that
+    computes the loss repeatedly builds a ``PolicyLossOptions`` once and calls
+    ``compute_policy_loss`` instead. Pure and jit-safe.
+    """
+    options = PolicyLossOptions(
+        policy_loss=policy_loss,
+        aggregation=aggregation,
+        beta=beta,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        dual_clip=dual_clip,
+        behavior_importance=behavior_importance,
+        sequence_mask=sequence_mask,
+        geometric_mask=geometric_mask,
+    )
+    return compute_policy_loss(log_probs, batch, options, ref_log_probs)
+
+
+def mismatch_metrics(
+    proximal: jax.Array,
+    behavior: jax.Array,
+    mask: jax.Array,
+    weights: jax.Array | None,
+    behavior_importance: float | tuple[float, float] | None,
+) -> Metrics:
+    """verl ``compute_offpolicy_metrics`` kl/k3_kl and ``compute_is_metrics`` ESS.
+
+    ``mismatch/kl`` is the token mean of ``behavior - proximal`` (KL(behavior || proximal)),
+    ``mismatch/k3_kl`` that of ``exp(r) - r - 1`` with ``r = proximal - behavior``, and
+    ``mismatch/ess`` ``1 / mean((w / mean(w))^2)`` over the IS weights clamped to
+    ``[0, upper]`` (verl's effective sample size); without an IS setting the raw token
+    ratios (log clamped to +-20) stand in.
+    """
+    proximal = jax.lax.stop_gradient(proximal)
+    log_ratio = jnp.where(mask, proximal - behavior, 0.0)
+    out = {
+        "mismatch/kl": masked_mean(-log_ratio, mask),
+        "mismatch/k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1.0, mask),
+    }
+    if weights is None:
+        w = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 0.0)
+    else:
+        upper = (
+            behavior_importance[1]
+            if isinstance(behavior_importance, tuple)
+            else behavior_importance
+        )
+        w = jnp.clip(weights, 0.0, upper)
+    mean = masked_mean(w, mask)
+    normalised = w / (mean + 1e-8)
+    out["mismatch/ess"] = 1.0 / masked_mean(normalised * normalised, mask)
+    return out
+
+
+__all__ = [
+    "AGGREGATIONS",
+    "POLICY_LOSSES",
+    "SESSION_EPS",
+    "PolicyLossOptions",
+    "aggregate",
+    "correct",
+    "compute_policy_loss",
+    "policy_loss_from_log_probs",
+    "read_inputs",
+    "surrogate",
+]

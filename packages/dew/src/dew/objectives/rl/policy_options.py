@@ -1,0 +1,101 @@
+"""The static options of GRPO's policy loss, checked once when they are built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+POLICY_LOSSES = ("ppo", "gspo", "cispo")
+AGGREGATIONS = ("token-mean", "session-mean")
+SESSION_EPS = 1e-8  # verl's per-sequence ``count + 1e-8`` in seq-mean-token-mean
+
+
+def _band(value: Any, field: str) -> tuple[float, float] | None:
+    """``None`` or a ``(low, high)`` pair with ``0 < low <= high < inf``."""
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{field}: expected None or a (low, high) pair, got {value!r}") from err
+    if not (0.0 < low <= high) or not math.isfinite(high):
+        raise ValueError(f"{field}: expected 0 < low <= high < inf, got ({low}, {high})")
+    return low, high
+
+
+def _behavior_importance(value: Any) -> float | tuple[float, float] | None:
+    """``None``, a positive finite TIS cap or an IcePop ``(low, high)`` band."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"behavior_importance: expected None, a cap or (low, high), got {value!r}")
+    if isinstance(value, int | float):
+        cap = float(value)
+        if not (cap > 0.0 and math.isfinite(cap)):
+            raise ValueError(f"behavior_importance: expected a positive finite cap, got {value!r}")
+        return cap
+    return _band(value, "behavior_importance")
+
+
+@dataclass(frozen=True)
+class PolicyLossOptions:
+    """The static options of the GRPO policy loss, checked once when built.
+
+    The fields mean what they mean on ``GRPOObjective``. Numbers are stored as floats and the
+    band options as ``(low, high)`` tuples of floats.
+    """
+
+    policy_loss: str = "ppo"
+    aggregation: str = "token-mean"
+    beta: float = 0.0
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: float | None = 3.0
+    behavior_importance: float | tuple[float, float] | None = None
+    sequence_mask: tuple[float, float] | None = None
+    geometric_mask: tuple[float, float] | None = None
+
+    def __post_init__(self) -> None:
+        beta = float(self.beta)
+        if not (beta >= 0.0 and math.isfinite(beta)):
+            raise ValueError(f"beta: expected a finite value >= 0, got {self.beta!r}")
+        for name in ("epsilon_low", "epsilon_high"):
+            eps = getattr(self, name)
+            if not (float(eps) >= 0.0 and math.isfinite(float(eps))):
+                raise ValueError(f"{name}: expected a finite value >= 0, got {eps!r}")
+        if self.dual_clip is not None and not float(self.dual_clip) > 1.0:
+            raise ValueError(
+                f"dual_clip: expected None or a value above 1.0, got {self.dual_clip!r}"
+            )
+        if self.policy_loss not in POLICY_LOSSES:
+            raise ValueError(
+                f"policy_loss: expected one of {POLICY_LOSSES}, got {self.policy_loss!r}"
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"aggregation: expected one of {AGGREGATIONS}, got {self.aggregation!r}"
+            )
+        normal = {
+            "beta": beta,
+            "epsilon_low": float(self.epsilon_low),
+            "epsilon_high": float(self.epsilon_high),
+            "dual_clip": None if self.dual_clip is None else float(self.dual_clip),
+            "behavior_importance": _behavior_importance(self.behavior_importance),
+            "sequence_mask": _band(self.sequence_mask, "sequence_mask"),
+            "geometric_mask": _band(self.geometric_mask, "geometric_mask"),
+        }
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def corrected(self) -> bool:
+        """Whether any rollout correction is set (it then needs behavior likelihoods)."""
+        return (
+            self.behavior_importance is not None
+            or self.sequence_mask is not None
+            or self.geometric_mask is not None
+        )
+
+
+__all__ = ["AGGREGATIONS", "POLICY_LOSSES", "SESSION_EPS", "PolicyLossOptions"]

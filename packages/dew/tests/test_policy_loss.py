@@ -1,0 +1,87 @@
+"""GRPO's policy loss as composed steps: options checked once, the steps agree with the whole."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from dew.objectives.rl.policy_loss import (
+    PolicyLossOptions,
+    aggregate,
+    compute_policy_loss,
+    correct,
+    policy_loss_from_log_probs,
+    read_inputs,
+    surrogate,
+)
+
+
+def _batch(seed: int = 0) -> tuple[jnp.ndarray, dict[str, jnp.ndarray]]:
+    rng = np.random.default_rng(seed)
+    shape = (2, 6)
+    segments = np.array([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+    response = np.array([[0, 1, 1, 0, 1, 0], [0, 0, 1, 1, 1, 1]], np.int32)
+    batch = {
+        "text_segment_ids": jnp.asarray(segments),
+        "response_mask": jnp.asarray(response),
+        "session_index": jnp.asarray(np.where(response > 0, [[0], [1]], -1), jnp.int32),
+        "advantages": jnp.asarray(rng.standard_normal(shape), jnp.float32),
+        "behavior_log_probs": jnp.asarray(-rng.uniform(0.1, 2.0, shape), jnp.float32),
+        "old_log_probs": jnp.asarray(-rng.uniform(0.1, 2.0, shape), jnp.float32),
+    }
+    return jnp.asarray(-rng.uniform(0.1, 2.0, shape), jnp.float32), batch
+
+
+CASES = [
+    {},
+    {"policy_loss": "gspo", "aggregation": "session-mean"},
+    {"policy_loss": "cispo", "behavior_importance": 2.0},
+    {"behavior_importance": (0.5, 2.0), "sequence_mask": (0.2, 5.0), "beta": 0.1},
+]
+
+
+@pytest.mark.parametrize("options", CASES)
+def test_the_steps_in_order_are_the_loss(options: dict) -> None:
+    log_probs, batch = _batch()
+    ref = log_probs - 0.1
+    whole = policy_loss_from_log_probs(log_probs, batch, ref_log_probs=ref, **options)
+    opts = PolicyLossOptions(**options)
+    composed = compute_policy_loss(log_probs, batch, opts, ref)
+    inputs = read_inputs(log_probs, batch, opts)
+    keep, weights, metrics = correct(inputs, opts)
+    terms, per_token, more = surrogate(log_probs, inputs, keep, weights, opts, ref)
+    loss_sum, weight, last = aggregate(terms, per_token, keep, batch, opts, log_probs.dtype)
+    for result in (composed, (loss_sum, weight, {**metrics, **more, **last})):
+        np.testing.assert_array_equal(np.asarray(result[0]), np.asarray(whole[0]))
+        np.testing.assert_array_equal(np.asarray(result[1]), np.asarray(whole[1]))
+        assert sorted(result[2]) == sorted(whole[2])
+        for name in whole[2]:
+            np.testing.assert_array_equal(np.asarray(result[2][name]), np.asarray(whole[2][name]))
+    assert np.isfinite(float(whole[0]))
+
+
+def test_options_are_normalised_once_and_frozen() -> None:
+    opts = PolicyLossOptions(beta=1, epsilon_low=0, dual_clip=2, sequence_mask=[0.5, 2])
+    assert opts.beta == 1.0 and isinstance(opts.beta, float)
+    assert opts.dual_clip == 2.0 and opts.sequence_mask == (0.5, 2.0)
+    assert opts.corrected and not PolicyLossOptions().corrected
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.beta = 0.0  # type: ignore[misc]
+    with pytest.raises(ValueError, match="aggregation: expected one of"):
+        PolicyLossOptions(aggregation="seq-mean")
+    with pytest.raises(ValueError, match="dual_clip: expected None or a value above 1.0"):
+        PolicyLossOptions(dual_clip=0.5)
+
+
+def test_the_objective_keeps_one_checked_options_object() -> None:
+    from dew.objectives.rl.grpo import GRPOObjective
+
+    objective = GRPOObjective(object(), seq_len=5, beta=0.2, behavior_importance=[0.5, 2.0])
+    assert isinstance(objective.loss_options, PolicyLossOptions)
+    assert objective.beta == 0.2 and objective.behavior_importance == (0.5, 2.0)
+    assert objective.options() == dataclasses.asdict(objective.loss_options)
+    with pytest.raises(AttributeError):
+        objective.beta = 0.0  # type: ignore[misc]
