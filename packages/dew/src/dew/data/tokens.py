@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dew.data.dataset import Dataset, IndexedStream, Loading, Partition
+from dew.files import atomic_write
 
 
 def write_tokens(path: str | os.PathLike[str], ids: np.ndarray, dtype: str | None = None) -> str:
@@ -37,15 +38,11 @@ def write_tokens(path: str | os.PathLike[str], ids: np.ndarray, dtype: str | Non
     if dtype is None:
         dtype = "uint16" if arr.size == 0 or (arr.min() >= 0 and arr.max() < 2**16) else "int32"
     arr = arr.astype(dtype)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with atomic_write(path, "wb") as f:
         if path.endswith(".npy"):
             np.save(f, arr)
         else:
             f.write(arr.astype(np.dtype(dtype).newbyteorder("<")).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return path
 
 

@@ -11,14 +11,14 @@ header or data failed), and a tensor whose dtype Dew cannot use names the tensor
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import safetensors
 from safetensors.numpy import save_file
+
+from dew.files import atomic_path
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -108,18 +108,5 @@ def save(
         array = np.ascontiguousarray(tensors[name])
         dtype_code(array.dtype)  # refuse what safetensors cannot hold, naming the dtype
         arrays[name] = array
-    target = Path(path)
-    fd, temp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(temp, 0o666 & ~umask)
+    with atomic_path(path) as temp:
         save_file(arrays, temp, metadata=dict(metadata or {"format": "pt"}))
-        with open(temp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise

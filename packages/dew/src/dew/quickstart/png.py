@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 import zlib
 
 import numpy as np
+
+from dew.files import atomic_write
 
 Color = tuple[int, int, int]
 
@@ -107,14 +108,5 @@ def encode_png(pixels: np.ndarray) -> bytes:
 def write_png(path: str | os.PathLike[str], pixels: np.ndarray) -> None:
     """Encode ``pixels`` and write the PNG atomically (temporary file, then ``os.replace``)."""
     data = encode_png(pixels)
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path, "wb") as f:
+        f.write(data)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from dew.files import atomic_write
 from dew.quickstart.plot import StageSeries, write_plot
 
 
@@ -16,17 +16,8 @@ def write_json(path: str, value: Any) -> None:
     """Write ``value`` as JSON atomically (temporary file in the same folder, ``os.replace``)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path, "w") as f:
+        json.dump(value, f, indent=1)
 
 
 def read_json(path: str) -> Any:

@@ -39,6 +39,7 @@ from dew.data.chat import ChatMessages
 from dew.data.chat.template import ChatTokenizer
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
+from dew.files import atomic_write
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rollouts.sampled import SampledRollout
@@ -70,11 +71,9 @@ class Context:
 
 
 def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    os.replace(tmp, path)
 
 
 def _conversation(problem: Problem) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable
 
 from dew.data.chat.template import ChatTokenizer
+from dew.files import atomic_path, atomic_write
 
 PAD, USER, ASSISTANT, END = "<|pad|>", "<|user|>", "<|assistant|>", "<|end|>"
 SPECIAL = (PAD, USER, ASSISTANT, END)
@@ -65,20 +66,16 @@ def save_tokenizer(tokenizer: ChatTokenizer, directory: str) -> None:
     import json
 
     os.makedirs(directory, exist_ok=True)
-    final = os.path.join(directory, "tokenizer.json")
-    tmp = f"{final}.tmp-{os.getpid()}"
-    tokenizer.tokenizer.save(tmp)
-    os.replace(tmp, final)
+    with atomic_path(os.path.join(directory, "tokenizer.json")) as tmp:
+        tokenizer.tokenizer.save(tmp)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "chat_template": tokenizer.chat_template,
         "pad_token": PAD,
         "eos_token": END,
     }
-    final = os.path.join(directory, "tokenizer_config.json")
-    with open(f"{final}.tmp-{os.getpid()}", "w", encoding="utf-8") as f:
+    with atomic_write(os.path.join(directory, "tokenizer_config.json"), "w") as f:
         json.dump(config, f, indent=1)
-    os.replace(f"{final}.tmp-{os.getpid()}", final)
 
 
 def token_id(tokenizer: ChatTokenizer, text: str) -> int:

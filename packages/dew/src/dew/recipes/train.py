@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
 from dew.recipes.schema import ConfigError
 from dew.recipes.train_config import TrainConfig
@@ -250,12 +251,8 @@ def write_config(config: TrainConfig) -> None:
     run_dir = config.run.run_dir
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "config.json")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         json.dump(config.as_dict(), f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def run_train(config: TrainConfig) -> Any:
