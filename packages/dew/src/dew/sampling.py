@@ -29,6 +29,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dew.checks import is_int
+
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
@@ -69,7 +71,7 @@ class Sampling:
                 raise ValueError("eos_id: expected an id or a non-empty tuple of ids, got ()")
             object.__setattr__(self, "eos_id", eos)
         for value in self.eos_ids:
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"eos_id: expected non-negative ints, got {self.eos_id!r}")
         if self.return_support and self.greedy is False and self.top_k is None and self.top_p == 1:
             raise ValueError("return_support: needs a finite top_k or a top_p below 1")

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.checks import is_int, is_integer
 from dew.data.dataset import Dataset, IndexedStream, Loading
 from dew.data.preference_text import tokenize_row
 from dew.data.row_batches import OnePass, RowBatches, parse_json_records
@@ -34,7 +35,7 @@ def _check_ids(values: object, row: str, name: str) -> list[int]:
         raise TypeError(f"{row}: {name} must be a list of token ids, got {type(values).__name__}")
     ids: list[int] = []
     for value in values:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_integer(value):
             raise TypeError(
                 f"{row}: {name} must hold integer token ids, got {value!r} ({type(value).__name__})"
             )
@@ -186,17 +187,15 @@ class PreferencePairs:
     ) -> None:
         if (path is None) == (records is None):
             raise ValueError("PreferencePairs: give exactly one of path= or records=, not both")
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        if not is_int(seq_len) or seq_len < 2:
             raise ValueError(f"PreferencePairs.seq_len: expected an int >= 2, got {seq_len!r}")
-        if pad_id is not None and (
-            isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0
-        ):
+        if pad_id is not None and (not is_int(pad_id) or pad_id < 0):
             raise ValueError(f"PreferencePairs.pad_id: expected an int >= 0, got {pad_id!r}")
         if loading is not None and not isinstance(loading, Loading):
             raise TypeError(
                 f"PreferencePairs.loading: expected a dew.data.Loading, got {type(loading).__name__}"
             )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and not is_int(seed):
             raise TypeError(f"PreferencePairs.seed: expected None or an int, got {seed!r}")
         self.path = path
         self.seq_len = seq_len
@@ -227,7 +226,7 @@ class PreferencePairs:
         in file order, its last batch filled with all-padding rows whose mask is zero, so
         they add nothing to the chosen-answer perplexity.
         """
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        if not is_int(batch) or batch < 1:
             raise ValueError(f"PreferencePairs.load: batch must be a positive int, got {batch!r}")
         if val is not None:
             if not isinstance(val, PreferencePairs):

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.checks import is_int, is_integer
 from dew.data.dataset import Dataset, IndexedStream, Loading
 from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
@@ -86,7 +87,7 @@ def _metadata_text(value: Any) -> str:
 
 
 def _is_ids(prompt: list[Any]) -> bool:
-    return all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in prompt)
+    return all(is_integer(v) for v in prompt)
 
 
 def _is_messages(prompt: list[Any]) -> bool:
@@ -228,15 +229,13 @@ class Prompts:
             raise ValueError(
                 f"Prompts.max_prompt_len: expected a positive int, got {max_prompt_len!r}"
             )
-        if pad_id is not None and (
-            isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0
-        ):
+        if pad_id is not None and (not is_int(pad_id) or pad_id < 0):
             raise ValueError(f"Prompts.pad_id: expected None or an int >= 0, got {pad_id!r}")
         if loading is not None and not isinstance(loading, Loading):
             raise TypeError(
                 f"Prompts.loading: expected a dew.data.Loading, got {type(loading).__name__}"
             )
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        if seed is not None and not is_int(seed):
             raise TypeError(f"Prompts.seed: expected None or an int, got {seed!r}")
         self.path = path
         self.max_prompt_len = max_prompt_len
@@ -314,7 +313,7 @@ class Prompts:
         in order; its last batch is completed with empty rows (``prompt_length`` 0, empty
         metadata), which hold no real token.
         """
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        if not is_int(batch) or batch < 1:
             raise ValueError(f"Prompts.load: batch must be a positive int, got {batch!r}")
         validation = None
         if val is not None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from dew.checks import is_int
 from dew.recipes.schema import ConfigError, positive, section
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -194,7 +195,7 @@ def build_schedule(config: ScheduleConfig, peak: float, steps: int) -> Any:
     """The optax schedule of ``config`` for ``steps`` steps peaking at ``peak``."""
     import optax
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+    if not is_int(steps) or steps < 1:
         raise ConfigError(f"steps: expected a positive integer, got {steps!r}")
     warmup = config.warmup_steps
     decay = config.decay_steps if config.decay_steps is not None else steps

@@ -33,6 +33,7 @@ from typing import Any
 
 import jax
 
+from dew.checks import is_int
 from dew.data.chat import ChatMessages, Role
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
@@ -75,7 +76,7 @@ class Stage:
                 f"Stage.data ({self.name}): expected ChatMessages, PreferencePairs or Prompts, "
                 f"got {type(self.data).__name__}"
             )
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+        if not is_int(self.steps) or self.steps < 1:
             raise ValueError(
                 f"Stage.steps ({self.name}): expected a positive int, got {self.steps!r}"
             )
@@ -136,7 +137,7 @@ class Recipe:
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"Recipe.stages: stage names must be distinct, repeated: {repeated}")
-        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+        if not is_int(self.batch) or self.batch < 1:
             raise ValueError(f"Recipe.batch: expected a positive int, got {self.batch!r}")
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:

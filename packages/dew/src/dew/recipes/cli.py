@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dew.checks import is_int
 from dew.recipes.schema import ConfigError, apply_override, load_file, unknown_key
 
 DATASETS = ("ChatMessages", "PreferencePairs", "Prompts")
@@ -166,15 +167,13 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         if key not in config:
             raise ConfigError(f"{key}: required, missing from {path}")
     batch = config["batch"]
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+    if not is_int(batch) or batch < 1:
         raise ConfigError(f"batch: expected a positive integer, got {batch!r}")
     seed = config.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if not is_int(seed):
         raise ConfigError(f"seed: expected an integer, got {seed!r}")
     log_every = config.get("log_every")
-    if log_every is not None and (
-        isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1
-    ):
+    if log_every is not None and (not is_int(log_every) or log_every < 1):
         raise ConfigError(f"log_every: expected a positive integer, got {log_every!r}")
     model_spec = config["model"]
     if config.get("pretrained"):
@@ -198,7 +197,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
             if key not in valid:
                 raise unknown_key(where, str(key), valid)
         steps = spec.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        if not is_int(steps) or steps < 1:
             raise ConfigError(f"{where}.steps: expected a positive integer, got {steps!r}")
         opt = optimizer_config(
             _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),

@@ -22,6 +22,8 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
+from dew.checks import is_int, is_real
+
 T = TypeVar("T")
 
 
@@ -77,7 +79,7 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
@@ -86,7 +88,7 @@ def check_value(value: Any, tp: Any, where: str) -> Any:
                 value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_real(value):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)
     if tp is str:

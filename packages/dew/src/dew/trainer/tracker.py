@@ -31,6 +31,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from dew.checks import is_real
+
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 
 
@@ -50,9 +52,7 @@ def _plain(value: Any) -> Any:
 def scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The numeric fields of ``record`` other than ``step``."""
     return {
-        name: float(value)
-        for name, value in record.items()
-        if name != "step" and isinstance(value, int | float) and not isinstance(value, bool)
+        name: float(value) for name, value in record.items() if name != "step" and is_real(value)
     }
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.checks import is_int, is_real
 from dew.objectives.base import validate_pretrained
 from dew.objectives.scoring import summarize_nll, target_log_probs, token_nll
 from dew.rl import preference_logsigmoid
@@ -108,9 +109,9 @@ class DPOObjective:
         pretrained: Any = None,
         ema_decay: float = 1.0,
     ) -> None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
+        if not is_real(beta) or not beta > 0:
             raise ValueError(f"beta: expected a positive number, got {beta!r}")
         if not math.isfinite(beta):
             raise ValueError(f"beta: expected a finite number, got {beta!r}")

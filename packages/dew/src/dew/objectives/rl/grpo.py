@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.checks import is_int
 from dew.objectives.base import validate_pretrained
 from dew.objectives.rl.policy_loss import (
     AGGREGATIONS,
@@ -101,7 +102,7 @@ class GRPOObjective:
         sampling_temperature: float | None = None,
         ema_decay: Any = _UNSET,
     ) -> None:
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
         options = PolicyLossOptions(
             policy_loss=policy_loss,

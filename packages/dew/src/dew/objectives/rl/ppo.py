@@ -44,6 +44,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from dew.checks import is_real
 from dew.objectives.base import validate_pretrained
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.policy_loss import compute_policy_loss
@@ -206,7 +207,7 @@ class PPOObjective:
                 f"ValueHead(backbone)), got {type(critic).__name__}"
             )
         for name, value in (("value_coefficient", value_coefficient), ("value_clip", value_clip)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_real(value):
                 raise TypeError(f"{name}: expected a positive finite float, got {value!r}")
             if not (float(value) > 0.0 and math.isfinite(float(value))):
                 raise ValueError(f"{name}: expected a positive finite float, got {value!r}")

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from dew.checks import is_integer
 from dew.objectives.rollouts.advantages import ESTIMATORS, group_advantages
 from dew.objectives.rollouts.chains import TRUNCATIONS, training_chains, training_reward, trains
 from dew.objectives.rollouts.records import Session, check_choice
@@ -46,7 +47,7 @@ from dew.objectives.rollouts.records import Session, check_choice
 
 def _check_width(width: int) -> int:
     """Check a row width (an integer >= 2) and return it as int."""
-    if isinstance(width, bool) or not isinstance(width, int | np.integer) or width < 2:
+    if not is_integer(width) or width < 2:
         raise ValueError(f"width: expected an integer >= 2, got {width!r}")
     return int(width)
 
@@ -108,9 +109,7 @@ def pack(
     width = _check_width(width)
     check_choice(estimator, ESTIMATORS, "estimator")
     check_choice(truncation, TRUNCATIONS, "truncation")
-    if rows is not None and (
-        isinstance(rows, bool) or not isinstance(rows, int | np.integer) or rows < 1
-    ):
+    if rows is not None and (not is_integer(rows) or rows < 1):
         raise ValueError(f"rows: expected None or a positive integer, got {rows!r}")
     if isinstance(eos_ids, int | np.integer):
         eos_ids = (int(eos_ids),)

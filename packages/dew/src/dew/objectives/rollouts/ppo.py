@@ -42,6 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.checks import is_real
 from dew.rl import gae
 
 REQUIRED = ("response_mask", "session_index", "call_index", "text_positions")
@@ -116,7 +117,7 @@ def episode_targets(
       SingleActionError: the batch holds exactly one action.
     """
     for name, value in (("gamma", gamma), ("lam", lam)):
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if not is_real(value):
             raise TypeError(f"{name}: expected a float in [0, 1], got {value!r}")
         if not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"{name}: expected a float in [0, 1], got {value!r}")

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from dew.checks import is_integer
+
 
 class Status(enum.StrEnum):
     """How a session ended."""
@@ -49,7 +51,7 @@ def _ids(value: Any, field_name: str, *, allow_empty: bool) -> np.ndarray:
     else:
         items = list(value)
         for position, item in enumerate(items):
-            if isinstance(item, bool | np.bool_) or not isinstance(item, int | np.integer):
+            if not is_integer(item):
                 raise TypeError(
                     f"{field_name}[{position}]: expected an integer token id, got {item!r}"
                 )
@@ -121,7 +123,7 @@ class Call:
             )
         if not isinstance(self.finish_reason, str):
             raise TypeError(f"Call.finish_reason: expected a string, got {self.finish_reason!r}")
-        if isinstance(self.version, bool) or not isinstance(self.version, int | np.integer):
+        if not is_integer(self.version):
             raise TypeError(f"Call.version: expected an integer, got {self.version!r}")
         if self.version < 0:
             raise ValueError(f"Call.version: expected a nonnegative version, got {self.version}")
@@ -210,7 +212,7 @@ class Session:
         object.__setattr__(self, "calls", calls)
         for name in ("group", "sample", "attempt"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            if not is_integer(value):
                 raise TypeError(f"Session.{name}: expected an integer, got {value!r}")
         if self.reward is not None:
             reward = float(self.reward)

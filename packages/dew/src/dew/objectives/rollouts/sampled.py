@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.checks import is_int
 from dew.data.prompts import decode_text
 from dew.inference import TextGeneration
 from dew.objectives.rollouts.advantages import ESTIMATORS
@@ -77,11 +78,11 @@ class SampledRollout:
         estimator: str = "group",
         rescore: bool = False,
     ) -> None:
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 2:
+        if not is_int(groups) or groups < 2:
             raise ValueError(
                 f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
             )
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        if not is_int(max_new_tokens):
             raise TypeError(f"max_new_tokens: expected a positive integer, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens: expected a positive integer, got {max_new_tokens}")

@@ -33,6 +33,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from dew.checks import is_integer
+
 
 class EpisodeStatus(enum.StrEnum):
     """Where an episode stands: still running or how it ended."""
@@ -57,7 +59,7 @@ def _status(value: Any, field_name: str) -> EpisodeStatus:
 
 
 def _plain_int(value: Any, field_name: str, *, minimum: int = 0) -> int:
-    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+    if not is_integer(value):
         raise TypeError(f"{field_name}: expected an integer, got {value!r}")
     if value < minimum:
         raise ValueError(f"{field_name}: expected an integer >= {minimum}, got {value}")

@@ -52,6 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.checks import is_integer
 from dew.objectives.rollouts.episodes.cohort import (
     RemoteFailure,
     agree_on_config,
@@ -93,7 +94,7 @@ _SEED_SALT = 0x5EED
 
 
 def _positive(value: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
+    if not is_integer(value) or value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
     return int(value)
 

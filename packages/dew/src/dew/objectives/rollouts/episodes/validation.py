@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.checks import is_integer
 from dew.objectives.rollouts.episodes.errors import (
     EmptyContextError,
     InvalidAction,
@@ -48,7 +49,7 @@ def token_ids(value: Any, field_name: str) -> np.ndarray:
             raise TypeError(f"{field_name}: expected a sequence of token ids, got {value!r}")
         items = list(value)
         for position, item in enumerate(items):
-            if isinstance(item, bool | np.bool_) or not isinstance(item, int | np.integer):
+            if not is_integer(item):
                 raise TypeError(
                     f"{field_name}[{position}]: expected an integer token id, got {item!r}"
                 )
@@ -136,7 +137,7 @@ def check_action(
             message = f"False, but the last sampled id {tokens[-1]} is an EOS id"
         raise TerminationError("terminated", message, episode, turn)
     step = action.policy_step
-    if isinstance(step, bool | np.bool_) or not isinstance(step, int | np.integer) or step < 0:
+    if not is_integer(step) or step < 0:
         raise InvalidAction(
             "policy_step", f"expected a nonnegative integer, got {step!r}", episode, turn
         )
