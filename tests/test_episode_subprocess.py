@@ -11,7 +11,6 @@ import numpy as np
 import optax
 import pytest
 
-import dew.models
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
@@ -23,6 +22,7 @@ from dew.objectives.rollouts.episodes import (
 from dew.sampling import Sampling
 from dew.sandbox import SandboxLimits, SubprocessEnvironment
 from dew.sandbox.subprocess_environment import WorkerCrashed
+from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -57,16 +57,7 @@ class Tracking:
 
 @pytest.fixture(scope="module")
 def model():
-    return dew.models.build(
-        "causal_transformer",
-        vocab_size=16,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=32,
-        init_std=0.02,
-    )
+    return tiny_decoder(16, 32, init_std=0.02)
 
 
 def test_a_subprocess_cohort_trains_one_grpo_step(model, tmp_path):

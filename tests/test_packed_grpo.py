@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import dew.models
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.sessions import Call, Session, Status, group_advantages, pack
+from dew.testing import tiny_decoder
 
 VOCAB = 29
 WIDTH = 24
@@ -29,16 +29,7 @@ WIDTH = 24
 
 @pytest.fixture(scope="module")
 def model():
-    return dew.models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=WIDTH,
-        init_std=0.3,
-    )
+    return tiny_decoder(VOCAB, WIDTH, init_std=0.3)
 
 
 @pytest.fixture(scope="module")

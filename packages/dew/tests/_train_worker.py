@@ -44,9 +44,9 @@ def main() -> None:
     import numpy as np
     import optax
 
-    from dew import models
     from dew.data import Dataset
     from dew.objectives.lm import LMObjective
+    from dew.testing import tiny_decoder
     from dew.trainer import Trainer
 
     seq, vocab, rows = 8, 32, 8
@@ -75,10 +75,7 @@ def main() -> None:
             }
             i += 1
 
-    model = models.build(
-        "causal_transformer", vocab_size=vocab, emb_features=16, num_layers=1, num_heads=2,
-        mlp_features=32, max_seq_len=seq + 1,
-    )  # fmt: skip
+    model = tiny_decoder(vocab, seq + 1)
     objective = LMObjective(model, seq, ema_decay=0.9)
     trainer = Trainer(
         objective,

@@ -18,6 +18,7 @@ from dew.data.chat import ChatMessages, Role
 from dew.data.chat.messages import pack
 from dew.data.chat.render import render_roles
 from dew.data.chat.template import ChatTokenizer
+from dew.testing import tiny_decoder
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +183,6 @@ def test_sft_on_chat_file_with_validation(tok_dir, tmp_path):
     import jax
     import optax
 
-    from dew import models
     from dew.objectives.lm import LMObjective
     from dew.trainer import Trainer
 
@@ -191,8 +191,7 @@ def test_sft_on_chat_file_with_validation(tok_dir, tmp_path):
     spec = ChatMessages(train, tok_dir, seq_len=191, val_path=val)
     data = spec.load(batch=4)
     vocab = spec.chat_tokenizer().tokenizer.get_vocab_size()
-    model = models.build("causal_transformer", vocab_size=vocab, emb_features=16, num_layers=1,
-                         num_heads=2, mlp_features=32, max_seq_len=192)  # fmt: skip
+    model = tiny_decoder(vocab, 192)
     objective = LMObjective(model, spec.seq_len, loss_role=Role.ASSISTANT)
     trainer = Trainer(objective, optax.adamw(3e-3), key=jax.random.key(0))
     state = trainer.fit(data, steps=12, log_every=4, eval_every=6, run_dir=tmp_path / "run")

@@ -12,9 +12,10 @@ import numpy as np
 import optax
 import pytest
 
-from dew import Trainer, models
+from dew import Trainer
 from dew.data import PreferencePairs
 from dew.objectives.rl import DPOObjective
+from dew.testing import tiny_decoder
 
 WIDTH = 6
 ROWS = [
@@ -42,15 +43,7 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def setup():
-    model = models.build(
-        "causal_transformer",
-        vocab_size=8,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=WIDTH,
-    )
+    model = tiny_decoder(8, WIDTH)
     objective = DPOObjective(model, seq_len=WIDTH - 1, beta=0.5)
     reference = objective.init(jax.random.key(0))
     noise = jax.random.split(jax.random.key(1), len(jax.tree.leaves(reference)))

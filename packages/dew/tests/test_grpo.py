@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import dew.models
 from dew.objectives.rl.grpo import GRPOObjective, policy_loss_from_log_probs
 from dew.objectives.rl.sessions import Call, Session, pack
+from dew.testing import tiny_decoder
 
 VOCAB = 13
 W = 12
@@ -19,16 +19,7 @@ W = 12
 
 @pytest.fixture(scope="module")
 def model():
-    return dew.models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=W,
-        init_std=0.5,
-    )
+    return tiny_decoder(VOCAB, W, init_std=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ import jax
 import numpy as np
 import optax
 
-import dew.models
 from dew.data import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.rl import GRPOObjective, SampledRollout
 from dew.sampling import Sampling
+from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 
 VOCAB = 12
@@ -57,15 +57,7 @@ def test_reward_rises(tmp_path):
         ),
         "extra_info": np.zeros((rows, 0), dtype=np.int32),
     }
-    model = dew.models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=32,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=64,
-        max_seq_len=16,
-    )
+    model = tiny_decoder(VOCAB, 16, emb_features=32, mlp_features=64)
     start = model.init(jax.random.key(0), np.zeros((1, 8), np.int32))
     data = Dataset(
         train=lambda partition: itertools.repeat(prompt_batch), val=None, records=rows, batch=rows

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from dew import models
 from dew.objectives.base import validate_ema_decay, validate_pretrained
 from dew.objectives.lm import LMObjective
 from dew.objectives.rl import DPOObjective, GRPOObjective
+from dew.testing import tiny_decoder
 
 
 @pytest.fixture(scope="module")
 def model():
-    return models.build("causal_transformer", vocab_size=16, emb_features=8, num_layers=1,
-                        num_heads=2, mlp_features=16, max_seq_len=8)  # fmt: skip
+    return tiny_decoder(16, 8, emb_features=8, mlp_features=16)
 
 
 def test_validate_pretrained_passes_none_and_variables() -> None:

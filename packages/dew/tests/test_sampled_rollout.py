@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import dew.models
 from dew.data.prompts import encode_text
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.rollout import RewardError, SampledRollout, default_decode
 from dew.objectives.rl.sessions import group_advantages
 from dew.sampling import Sampling
+from dew.testing import tiny_decoder
 
 VOCAB = 16
 P, R, G = 5, 4, 3
@@ -23,16 +23,7 @@ EOS = 15
 
 @pytest.fixture(scope="module")
 def model():
-    return dew.models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=64,
-        init_std=0.5,
-    )
+    return tiny_decoder(VOCAB, 64, init_std=0.5)
 
 
 @pytest.fixture(scope="module")

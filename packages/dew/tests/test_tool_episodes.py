@@ -27,7 +27,6 @@ from _square_episodes import (
     square_verifier,
 )
 
-import dew.models
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
@@ -55,6 +54,7 @@ from dew.objectives.rollouts.episodes import (
 )
 from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.sampling import Sampling
+from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 
 P, R, K, G = 8, 4, 3, 2
@@ -433,16 +433,7 @@ def test_constructor_refusals():
 # ----------------------------------------------------------------------------- real policy
 @pytest.fixture(scope="module")
 def model():
-    return dew.models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=32,
-        init_std=0.02,
-    )
+    return tiny_decoder(VOCAB, 32, init_std=0.02)
 
 
 def test_a_real_policy_trains_through_the_trainer(model):

@@ -15,6 +15,7 @@ from dew import models
 from dew.data import Dataset
 from dew.data.chat import Role
 from dew.objectives.lm import LMObjective
+from dew.testing import tiny_decoder
 from dew.trainer import NonFiniteLossError, Trainer
 from dew.trainer import checkpoint as ckpt
 
@@ -24,15 +25,7 @@ VOCAB = 32
 
 @pytest.fixture(scope="module")
 def model():
-    return models.build(
-        "causal_transformer",
-        vocab_size=VOCAB,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=SEQ + 1,
-    )
+    return tiny_decoder(VOCAB, SEQ + 1)
 
 
 def packed_batch(seed: int, rows: int = 8) -> dict[str, np.ndarray]:
