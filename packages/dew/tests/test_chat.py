@@ -192,7 +192,7 @@ def test_sft_on_chat_file_with_validation(tok_dir, tmp_path):
     data = spec.load(batch=4)
     vocab = spec.chat_tokenizer().tokenizer.get_vocab_size()
     model = tiny_decoder(vocab, 192)
-    objective = LMObjective(model, spec.seq_len, loss_role=Role.ASSISTANT)
+    objective = LMObjective(model, spec.seq_len, loss_role=Role.ASSISTANT, ema_decay=0.999)
     trainer = Trainer(objective, optax.adamw(3e-3), key=jax.random.key(0))
     state = trainer.fit(data, steps=12, log_every=4, eval_every=6, run_dir=tmp_path / "run")
     records = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]

@@ -40,3 +40,29 @@ def test_validate_ema_decay_range() -> None:
         validate_ema_decay(1.5)
     with pytest.raises(TypeError, match="ema_decay"):
         validate_ema_decay("fast")
+
+
+def test_lm_objective_keeps_no_ema_tree_by_default(model, tmp_path) -> None:
+    import json
+
+    import jax
+    import optax
+
+    from dew.trainer import Trainer
+    from dew.trainer.checkpoint import save
+
+    def saved_leaves(objective, name):
+        trainer = Trainer(objective, optax.sgd(0.1), key=jax.random.key(0), progress=False)
+        state = trainer.initial_state()
+        path = save(tmp_path / name, state, step=0, position=0)
+        with open(f"{path}/meta.json", encoding="utf-8") as f:
+            return state, json.load(f)["leaves"]
+
+    objective = LMObjective(model, 4)
+    assert objective.ema_decay is None
+    state, plain = saved_leaves(objective, "plain")
+    assert state.ema is None
+    asked, with_ema = saved_leaves(LMObjective(model, 4, ema_decay=0.999), "asked")
+    assert jax.tree.structure(asked.ema) == jax.tree.structure(asked.params)
+    # the default checkpoint holds one copy of the weights, the asked-for one two
+    assert with_ema == plain + len(jax.tree.leaves(asked.params))

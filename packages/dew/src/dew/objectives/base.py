@@ -19,7 +19,7 @@ EMA rule (``ema_decay``):
 - ``1.0``: a frozen reference, a copy of the initial variables that never moves (DPO, GRPO;
   those objectives refuse any other value).
 - a float in ``(0, 1)``: a moving average ``ema = decay * ema + (1 - decay) * params`` updated
-  after every optimizer update (the SFT default).
+  after every optimizer update (SFT when asked for; ``LMObjective`` keeps none by default).
 
 The reference passed to ``loss`` is ``TrainState.ema`` (or ``None``). An objective with a
 frozen reference may define ``reference_variables(variables)`` to keep only part of the tree

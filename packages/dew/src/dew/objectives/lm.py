@@ -41,7 +41,8 @@ class LMObjective:
       seq_len: ``L``; batches carry ``L + 1`` tokens per row.
       pretrained: a full variables mapping ``{"params": ...}`` to start from.
       loss_role: count only targets of this role (``None``: every real target).
-      ema_decay: ``None`` (no EMA), or a decay in ``(0, 1]`` (default 0.999, a moving EMA).
+      ema_decay: ``None`` (the default: no EMA, so no second copy of the weights is kept or
+        checkpointed), or a decay in ``(0, 1]`` (a moving average in ``TrainState.ema``).
     """
 
     # (logits [B, T, V], targets [B, T]) -> (nll, correct); a subclass may swap it (benchmarks do)
@@ -53,7 +54,7 @@ class LMObjective:
         seq_len: int,
         pretrained: Any = None,
         loss_role: int | None = None,
-        ema_decay: float | None = 0.999,
+        ema_decay: float | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
