@@ -91,7 +91,8 @@ def source_files() -> list[tuple[pathlib.Path, str]]:
 
 
 def check_source(source: str, module: str, is_package: bool = False) -> list[str]:
-    return violations(module, imported_modules(source, module, is_package))
+    imports = imported_modules(source, module, is_package)
+    return violations(module, imports) + inner_violations(module, imports)
 
 
 def test_there_are_sources_to_check() -> None:
@@ -150,3 +151,90 @@ ALLOWED = [
 @pytest.mark.parametrize(("module", "source"), ALLOWED)
 def test_allowed_import_passes(module: str, source: str) -> None:
     assert check_source(source, module, module.count(".") < 2 and "._" not in module) == []
+
+
+# ----------------------------------------------------------------------------- inside dew
+LEAVES = ("dew.files", "dew.checks")  # stdlib/numpy-only helpers any part of dew may use
+INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) it may import
+    "dew.data": (),
+    "dew.models": (),
+    "dew.inference": ("dew.models", "dew.sampling"),
+}
+
+
+def inner_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    """Which of ``imports`` made by ``module`` break an arrow between the parts of ``dew``."""
+    bad: list[str] = []
+    for line, name in imports:
+        if not _within(name, "dew") or name == "dew":
+            continue
+        if any(_within(module, leaf) for leaf in LEAVES):
+            if not _within(name, module):
+                bad.append(f"{module}:{line} the leaf {module} imports {name}")
+            continue
+        if any(_within(name, leaf) for leaf in LEAVES):
+            continue
+        for part, allowed in INNER.items():
+            if not _within(module, part) or _within(name, part):
+                continue
+            if not any(_within(name, a) for a in allowed):
+                others = ", ".join(allowed) or "nothing else of dew"
+                bad.append(f"{module}:{line} {part} may import {others}, not {name}")
+        if (
+            _within(module, "dew.trainer")
+            and _within(name, "dew.objectives")
+            and not _within(name, "dew.objectives.base")
+        ):
+            bad.append(f"{module}:{line} the trainer knows no objective, only the protocol: {name}")
+    return bad
+
+
+INNER_PLANTED = [
+    ("dew.data.prompts", "from dew.objectives.rollouts import pack\n"),
+    ("dew.data.chat.template", "from ...models import build\n"),
+    ("dew.data", "import dew.trainer\n"),
+    ("dew.models.decoder", "from dew.data import Dataset\n"),
+    ("dew.models", "from dew import sampling\n"),
+    ("dew.inference.server", "from dew.objectives.scoring import target_log_probs\n"),
+    ("dew.inference.generation", "def f():\n    from dew.trainer import Trainer\n"),
+    ("dew.inference", "from dew.data.prompts import decode_text\n"),
+    ("dew.trainer.trainer", "from dew.objectives.lm import LMObjective\n"),
+    ("dew.trainer.step", "from dew.objectives.rl import GRPOObjective\n"),
+    ("dew.trainer.step", "from dew.objectives import LMObjective\n"),
+    ("dew.trainer.step", "from ..objectives import rollouts\n"),
+    ("dew.files", "from dew.checks import is_int\n"),
+    ("dew.checks", "import dew.models\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), INNER_PLANTED)
+def test_planted_inner_violation_is_caught(module: str, source: str) -> None:
+    is_package = module.count(".") < 2
+    assert check_source(textwrap.dedent(source), module, is_package), (
+        f"missed: {module}: {source!r}"
+    )
+
+
+INNER_ALLOWED = [
+    (
+        "dew.data.prompts",
+        "from dew.data.dataset import Dataset\nfrom dew.files import atomic_write\n",
+    ),
+    ("dew.data.chat.template", "from ..dataset import Dataset\nfrom dew.checks import is_int\n"),
+    ("dew.models.pretrained", "from dew.files import atomic_write\nfrom . import safetensors_io\n"),
+    (
+        "dew.inference.server",
+        "from dew.models.decoder import KVCache\nfrom dew.sampling import draw\n",
+    ),
+    (
+        "dew.trainer.trainer",
+        "from dew.objectives.base import Objective\nfrom dew.data import Dataset\n",
+    ),
+    ("dew.objectives.rl.grpo", "from dew.objectives.scoring import packed_log_probs\n"),
+    ("dew.files", "import os\nimport tempfile\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), INNER_ALLOWED)
+def test_allowed_inner_import_passes(module: str, source: str) -> None:
+    assert check_source(source, module) == []
