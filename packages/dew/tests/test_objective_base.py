@@ -66,3 +66,21 @@ def test_lm_objective_keeps_no_ema_tree_by_default(model, tmp_path) -> None:
     assert jax.tree.structure(asked.ema) == jax.tree.structure(asked.params)
     # the default checkpoint holds one copy of the weights, the asked-for one two
     assert with_ema == plain + len(jax.tree.leaves(asked.params))
+
+
+def test_the_protocol_declares_what_the_trainer_reads(model) -> None:
+    from dew.objectives.base import TOKEN_FIELDS, starts_from_variables, token_fields_of
+
+    variables = {"params": {"w": 1}}
+    assert starts_from_variables(LMObjective(model, 4, pretrained=variables))
+    assert not starts_from_variables(LMObjective(model, 4))
+    assert not starts_from_variables(object())  # the attribute is optional
+    assert token_fields_of(LMObjective(model, 4)) == ("text",)
+    assert token_fields_of(DPOObjective(model, 4)) == ("input_ids",)
+    assert token_fields_of(GRPOObjective(model, 4)) == ("input_ids",)
+    assert token_fields_of(object()) == TOKEN_FIELDS
+
+
+def test_every_token_objective_reads_rows_of_seq_len_plus_one(model) -> None:
+    for objective in (LMObjective(model, 5), DPOObjective(model, 5), GRPOObjective(model, 5)):
+        assert objective.seq_len == 5 and objective.width == 6, type(objective).__name__

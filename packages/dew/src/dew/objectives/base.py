@@ -24,6 +24,15 @@ EMA rule (``ema_decay``):
 The reference passed to ``loss`` is ``TrainState.ema`` (or ``None``). An objective with a
 frozen reference may define ``reference_variables(variables)`` to keep only part of the tree
 there (PPO keeps its policy subtree, not the critic).
+
+Row contract (``seq_len``): every token objective's ``seq_len`` is the number of next-token
+predictions per row, and its rows carry ``width = seq_len + 1`` ids (input ``ids[:, :-1]``,
+targets ``ids[:, 1:]``). ``LMObjective``, ``DPOObjective``, ``GRPOObjective`` and
+``PPOObjective`` all expose ``width``. The readers size rows their own way: ``TokenFile`` and
+``ChatMessages`` take the same ``seq_len`` (rows of ``seq_len + 1``); ``PreferencePairs``
+takes the row width itself (``PreferencePairs(seq_len=S)`` pairs with
+``DPOObjective(seq_len=S - 1)``); ``Prompts`` takes the prompt width ``P`` and a GRPO run
+that samples ``R`` ids per prompt uses ``GRPOObjective(seq_len=P + R - 1)``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,17 @@ class Objective(Protocol):
     over every validation batch and reports each sum divided by the total weight, or, when
     the objective also has ``summarize_evaluation(totals) -> dict[str, float]``, what that
     returns (``LMObjective`` adds the perplexity there).
+
+    Optional attribute ``pretrained``: the full variables ``init`` returns, or ``None`` when
+    ``init`` builds fresh ones. When it is set the Trainer runs ``init`` outside ``jit``, so
+    the weights are not compiled into the program as constants (``starts_from_variables``).
+
+    Optional method ``reference_variables(variables)``: the part of the variables kept as the
+    frozen reference (see the EMA rule above); the Trainer's init reads it.
+
+    Optional attribute ``token_fields``: the batch columns whose size counts as tokens for
+    the ``tokens_per_s`` metric; the first one present in a batch is counted. Without it,
+    ``TOKEN_FIELDS`` is used (``token_fields_of``).
     """
 
     ema_decay: float | None
@@ -66,6 +86,19 @@ class Objective(Protocol):
     ) -> tuple[jax.Array, jax.Array, Metrics]:
         """``(loss_sum, weight, metrics)`` for one (micro)batch; pure and jit-safe."""
         ...
+
+
+TOKEN_FIELDS = ("text", "input_ids", "tokens")
+
+
+def starts_from_variables(objective: Any) -> bool:
+    """Whether ``objective.init`` returns given variables (its optional ``pretrained``)."""
+    return getattr(objective, "pretrained", None) is not None
+
+
+def token_fields_of(objective: Any) -> tuple[str, ...]:
+    """The batch columns counted as tokens: the objective's ``token_fields`` or ``TOKEN_FIELDS``."""
+    return tuple(getattr(objective, "token_fields", TOKEN_FIELDS))
 
 
 def validate_ema_decay(value: float | None, *, field: str = "ema_decay") -> float | None:
@@ -93,10 +126,13 @@ def validate_pretrained(value: Any, *, field: str = "pretrained") -> Any:
 
 
 __all__ = [
+    "TOKEN_FIELDS",
     "Batch",
     "Metrics",
     "Objective",
     "Variables",
+    "starts_from_variables",
+    "token_fields_of",
     "validate_ema_decay",
     "validate_pretrained",
 ]

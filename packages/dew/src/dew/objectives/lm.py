@@ -45,6 +45,8 @@ class LMObjective:
         checkpointed), or a decay in ``(0, 1]`` (a moving average in ``TrainState.ema``).
     """
 
+    token_fields = ("text",)  # the batch column counted as tokens (see objectives.base)
+
     # (logits [B, T, V], targets [B, T]) -> (nll, correct); a subclass may swap it (benchmarks do)
     token_nll = staticmethod(token_nll)
 
@@ -63,6 +65,11 @@ class LMObjective:
         self.pretrained = validate_pretrained(pretrained)
         self.loss_role = None if loss_role is None else int(loss_role)
         self.ema_decay = validate_ema_decay(ema_decay)
+
+    @property
+    def width(self) -> int:
+        """Ids per row (``seq_len + 1``)."""
+        return self.seq_len + 1
 
     def init(self, key: jax.Array) -> dict[str, Any]:
         if self.pretrained is not None:

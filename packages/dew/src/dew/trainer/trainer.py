@@ -19,7 +19,12 @@ import optax
 from jax.experimental import multihost_utils
 
 from dew.data.dataset import Dataset, Partition
-from dew.objectives.base import Objective, validate_ema_decay
+from dew.objectives.base import (
+    Objective,
+    starts_from_variables,
+    token_fields_of,
+    validate_ema_decay,
+)
 from dew.trainer import checkpoint as ckpt
 from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.trainer.progress import Progress
@@ -53,8 +58,8 @@ def _to_host(metrics: Any) -> Any:
     return jax.device_get(metrics)
 
 
-def _count_tokens(batch: Mapping[str, Any]) -> int:
-    for name in ("text", "input_ids", "tokens"):
+def _count_tokens(batch: Mapping[str, Any], fields: tuple[str, ...]) -> int:
+    for name in fields:
         if name in batch:
             return int(np.size(batch[name]))
     first = next(iter(batch.values()))
@@ -145,7 +150,7 @@ class Trainer:
 
     # ----------------------------------------------------------------------------- state
     def _variables(self) -> Any:
-        if getattr(self.objective, "pretrained", None) is not None:
+        if starts_from_variables(self.objective):
             return self.objective.init(self._init_key)
         return jax.jit(self.objective.init)(self._init_key)
 
@@ -254,6 +259,7 @@ class Trainer:
             progress.message(f"dew: resuming from step {start} ({run_dir})")
         pending: tuple[int, Any] | None = None
         tokens = 0
+        token_fields = token_fields_of(self.objective)
         t_last = time.perf_counter()
         last_saved = start if run_dir is not None and position else None
         stop = StopRequest()
@@ -303,7 +309,7 @@ class Trainer:
                     if callable(at_step):
                         at_step(number, int(jax.device_get(state.updates)))
                     local = dict(self.rollout(state.params, local, key))
-                tokens += _count_tokens(local) * jax.process_count()
+                tokens += _count_tokens(local, token_fields) * jax.process_count()
                 state, metrics = step_fn(state, global_batch(local, self.mesh))
                 if pending is not None:  # the previous step: done by now, no wait
                     progress.update(pending[0], check(pending)["loss"])

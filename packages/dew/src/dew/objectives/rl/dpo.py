@@ -125,6 +125,13 @@ class DPOObjective:
         self.beta = float(beta)
         self.pretrained = validate_pretrained(pretrained)
 
+    token_fields = ("input_ids",)  # the batch column counted as tokens (see objectives.base)
+
+    @property
+    def width(self) -> int:
+        """Ids per side of a pair (``seq_len + 1``, the ``PreferencePairs`` row width)."""
+        return self.seq_len + 1
+
     @property
     def ema_decay(self) -> float:
         """Always 1.0: the starting variables stay in ``TrainState.ema`` as the reference."""

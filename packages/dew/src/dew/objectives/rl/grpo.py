@@ -134,6 +134,7 @@ class GRPOObjective:
             None if sampling_temperature is None else float(sampling_temperature)
         )
 
+    token_fields = ("input_ids",)  # the batch column counted as tokens (see objectives.base)
     policy_loss = _option("policy_loss")
     aggregation = _option("aggregation")
     beta = _option("beta")
