@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from dew.objectives.rl.sessions import Call, Session, chain_lengths, pack, rows_needed
+from dew.objectives.rollouts import Call, Session, chain_lengths, pack, rows_needed
 
 GOAL = 0.90
 
