@@ -53,3 +53,19 @@ class ProgramCache:
                 self.compile_count += 1
                 self._programs[key] = program
             return program
+
+
+class CompileStats:
+    """``compile_count`` and ``compile_seconds`` of an object's ``programs`` (a ``ProgramCache``)."""
+
+    programs: ProgramCache
+
+    @property
+    def compile_count(self) -> int:
+        """How many programs were compiled so far."""
+        return self.programs.compile_count
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling them."""
+        return self.programs.compile_seconds

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.inference.compiled import ProgramCache, bucket
+from dew.inference.compiled import CompileStats, ProgramCache, bucket
 from dew.models.decoder import CausalTransformer
 from dew.sampling import Sampling, draw, is_eos
 
@@ -161,7 +161,7 @@ def _generate(model: CausalTransformer, sampling: Sampling, capacity: int) -> An
     return run
 
 
-class TextGeneration:
+class TextGeneration(CompileStats):
     """Sample responses from a decoder for exact context ids.
 
     model: a `CausalTransformer`; variables: its variables (or bind them later).
@@ -187,14 +187,6 @@ class TextGeneration:
         self.programs = ProgramCache()
         if variables is not None:
             self.bind(variables)
-
-    @property
-    def compile_count(self) -> int:
-        return self.programs.compile_count
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.programs.compile_seconds
 
     def bind(self, snapshot: Any) -> TextGeneration:
         """Use these weights (a variables mapping, or an object whose `.params` is one)."""

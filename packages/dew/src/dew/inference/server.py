@@ -31,7 +31,6 @@ other threads while one thread drives `step`.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import logging
 import threading
@@ -42,137 +41,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.inference.compiled import ProgramCache, bucket
+from dew.inference.compiled import CompileStats, ProgramCache, bucket
 from dew.inference.generation import as_key, check_context, tree_signature, variables_of
+from dew.inference.requests import Completion, Request, RequestTooLarge
+from dew.inference.slot_programs import admit_program, decode_program
 from dew.models.config import dtype_name
-from dew.models.decoder import CausalTransformer, KVCache, empty_cache
+from dew.models.decoder import CausalTransformer, empty_cache
 from dew.models.serving import fuse
-from dew.sampling import Draw, Sampling, draw, is_eos
+from dew.sampling import Sampling
 
 _LOG = logging.getLogger(__name__)
 
 
-class RequestTooLarge(ValueError):
-    """A request whose prompt and budget cannot fit in one cache slot."""
-
-
-@dataclasses.dataclass
-class Completion:
-    """A finished request.
-
-    ids: int32 `[n]` sampled ids (EOS included when it ended the request).
-    raw_log_probs, behavior_log_probs: float32 `[n]`. versions: int64 `[n]`,
-    the weights version that produced each id. finish_reason: "eos",
-    "length", "cancelled" or "error" (then `error` holds the exception).
-    submitted_version: the weights version when the request was submitted.
-    support: int32 `[n, K]` kept ids per draw when the Sampling returns them.
-    """
-
-    request_id: int
-    prompt_ids: np.ndarray
-    ids: np.ndarray
-    raw_log_probs: np.ndarray
-    behavior_log_probs: np.ndarray
-    versions: np.ndarray
-    finish_reason: str
-    submitted_version: int
-    error: BaseException | None = None
-    support: np.ndarray | None = None
-
-    @property
-    def eos(self) -> bool:
-        return self.finish_reason == "eos"
-
-
-@dataclasses.dataclass
-class _Request:
-    request_id: int
-    prompt: np.ndarray
-    budget: int
-    key: np.ndarray  # raw uint32 key data
-    submitted_version: int
-    callback: Callable[[Completion], None] | None
-    ids: list[int] = dataclasses.field(default_factory=list)
-    raw: list[float] = dataclasses.field(default_factory=list)
-    behavior: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    support: list[np.ndarray] = dataclasses.field(default_factory=list)
-    cancelled: bool = False
-
-
-def _row_draw(logits: jax.Array, keys: jax.Array, counts: jax.Array, sampling: Sampling) -> Draw:
-    """Per-row draws: row b uses its key folded with its token index."""
-    if sampling.greedy:
-        return draw(logits, jax.random.key(0), sampling)
-
-    def one(row_logits, key_data, count):
-        key = jax.random.fold_in(jax.random.wrap_key_data(key_data), count)
-        out = draw(row_logits[None], key, sampling)
-        return jax.tree.map(lambda x: x[0], out)
-
-    return jax.vmap(one)(logits, keys, counts)
-
-
-def _admit_program(model: CausalTransformer, sampling: Sampling, capacity: int) -> Callable:
-    def admit(variables, cache, prompts, lengths, slots, keys):
-        logits, fresh = model.apply(variables, prompts, lengths, capacity, method="prefill")
-        out = _row_draw(logits, keys, jnp.zeros_like(lengths), sampling)
-        keys_ = tuple(
-            big.at[slots].set(new, mode="drop") for big, new in zip(cache.keys, fresh.keys)
-        )
-        values = tuple(
-            big.at[slots].set(new, mode="drop") for big, new in zip(cache.values, fresh.values)
-        )
-        lengths_ = cache.lengths.at[slots].set(fresh.lengths, mode="drop")
-        return KVCache(keys_, values, lengths_), out, is_eos(out.ids, sampling)
-
-    return admit
-
-
-def _decode_program(
-    model: CausalTransformer, sampling: Sampling, steps: int, k: int, window: int
-) -> Callable:
-    def decode(variables, cache, tok, live, count, budgets, keys):
-        s = tok.shape[0]
-        ids = jnp.zeros((s, steps), jnp.int32)
-        raw = jnp.zeros((s, steps), jnp.float32)
-        beh = jnp.zeros((s, steps), jnp.float32)
-        made = jnp.zeros((s, steps), bool)
-        eos = jnp.zeros((s,), bool)
-        sup = jnp.full((s, steps, k), -1, jnp.int32)
-
-        def cond(state):
-            j, live = state[0], state[3]
-            return (j < steps) & jnp.any(live)
-
-        def body(state):
-            j, cache, tok, live, count, eos, ids, raw, beh, made, sup = state
-            logits, cache = model.apply(variables, tok, cache, live, window, method="decode")
-            out = _row_draw(logits, keys, count, sampling)
-            col = (0, j)
-            ids = jax.lax.dynamic_update_slice(ids, jnp.where(live, out.ids, 0)[:, None], col)
-            raw = jax.lax.dynamic_update_slice(raw, out.raw_log_probs[:, None], col)
-            beh = jax.lax.dynamic_update_slice(beh, out.behavior_log_probs[:, None], col)
-            made = jax.lax.dynamic_update_slice(made, live[:, None], col)
-            if out.support is not None:
-                sup = jax.lax.dynamic_update_slice(sup, out.support[:, None, :], (0, j, 0))
-            count = count + live.astype(jnp.int32)
-            hit = live & is_eos(out.ids, sampling)
-            eos = eos | hit
-            tok = jnp.where(live, out.ids, tok)
-            live = live & ~hit & (count < budgets)
-            return j + 1, cache, tok, live, count, eos, ids, raw, beh, made, sup
-
-        state = (jnp.int32(0), cache, tok, live, count, eos, ids, raw, beh, made, sup)
-        _, cache, tok, live, count, eos, ids, raw, beh, made, sup = jax.lax.while_loop(
-            cond, body, state
-        )
-        return cache, (tok, live, count, eos, ids, raw, beh, made, sup)
-
-    return decode
-
-
-class Server:
+class Server(CompileStats):
     """Continuous-batching generation over `slots` cache rows of `capacity` positions.
 
     model, variables: the decoder and its weights. sampling: one `Sampling`
@@ -225,8 +106,8 @@ class Server:
         self._lock = threading.RLock()
         self._ids = itertools.count()
         self._seed = seed
-        self._waiting: collections.deque[_Request] = collections.deque()
-        self._active: list[_Request | None] = [None] * slots
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._active: list[Request | None] = [None] * slots
         self._tok = np.zeros(slots, np.int32)
         self._live = np.zeros(slots, bool)
         self._count = np.zeros(slots, np.int32)
@@ -263,14 +144,6 @@ class Server:
         if "sampling" not in options and getattr(task, "sampling", None) is not None:
             options["sampling"] = task.sampling
         return cls(model, variables, **options)
-
-    @property
-    def compile_count(self) -> int:
-        return self.programs.compile_count
-
-    @property
-    def compile_seconds(self) -> float:
-        return self.programs.compile_seconds
 
     @property
     def free_slots(self) -> int:
@@ -313,7 +186,7 @@ class Server:
                     base = jax.random.fold_in(base, request_id)
                 key_data = np.asarray(jax.random.key_data(base), np.uint32)
             self._waiting.append(
-                _Request(request_id, prompt, int(max_new_tokens), key_data, self.version, callback)
+                Request(request_id, prompt, int(max_new_tokens), key_data, self.version, callback)
             )
         return request_id
 
@@ -391,7 +264,7 @@ class Server:
                 f"variables: not a tree of this model's parameters ({error!r})"
             ) from error
 
-    def _take_waiting(self) -> list[tuple[int, _Request]]:
+    def _take_waiting(self) -> list[tuple[int, Request]]:
         free = [i for i, r in enumerate(self._active) if r is None]
         admitted = []
         while free and self._waiting:
@@ -403,7 +276,7 @@ class Server:
             admitted.append((slot, request))
         return admitted
 
-    def _admit(self, admitted: list[tuple[int, _Request]], finished: list[Completion]) -> None:
+    def _admit(self, admitted: list[tuple[int, Request]], finished: list[Completion]) -> None:
         n = bucket(len(admitted), minimum=1, maximum=self.slots)
         width = bucket(max(r.prompt.shape[0] for _, r in admitted), self.min_bucket, self.capacity)
         prompts = np.zeros((n, width), np.int32)
@@ -418,7 +291,7 @@ class Server:
         args = (self.variables, self._cache, prompts, lengths, slots, keys)
         program = self.programs.get(
             ("admit", n, width, self._signature),
-            lambda: _admit_program(self.model, self.sampling, self.capacity),
+            lambda: admit_program(self.model, self.sampling, self.capacity),
             args,
             donate_argnums=(1,),
         )
@@ -455,9 +328,7 @@ class Server:
         )
         program = self.programs.get(
             ("decode", window, self._signature),
-            lambda: _decode_program(
-                self.model, self.sampling, self.steps_per_call, self._k, window
-            ),
+            lambda: decode_program(self.model, self.sampling, self.steps_per_call, self._k, window),
             args,
             donate_argnums=(1,),
         )
@@ -482,7 +353,7 @@ class Server:
         for slot in np.flatnonzero(was_live & ~live):
             self._finish(int(slot), "eos" if eos[slot] else "length", finished)
 
-    def _record(self, request: _Request, token: Any, raw: Any, beh: Any, support: Any) -> None:
+    def _record(self, request: Request, token: Any, raw: Any, beh: Any, support: Any) -> None:
         request.ids.append(int(token))
         request.raw.append(float(raw))
         request.behavior.append(float(beh))
@@ -491,7 +362,7 @@ class Server:
             request.support.append(np.asarray(support))
 
     def _completion(
-        self, request: _Request, reason: str, error: BaseException | None = None
+        self, request: Request, reason: str, error: BaseException | None = None
     ) -> Completion:
         support = None
         if self._k:
@@ -523,7 +394,7 @@ class Server:
         finished.append(self._completion(request, reason, error))
 
     def _drop_cancelled(self, finished: list[Completion]) -> None:
-        kept: collections.deque[_Request] = collections.deque()
+        kept: collections.deque[Request] = collections.deque()
         for request in self._waiting:
             if request.cancelled:
                 finished.append(self._completion(request, "cancelled"))
