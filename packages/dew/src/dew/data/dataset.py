@@ -34,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from dew.checks import is_int
+
 Batch = Mapping[str, Any]
 
 
@@ -68,6 +70,20 @@ class Loading:
             raise ValueError(f"Loading.read_buffer: expected >= 1, got {self.read_buffer}")
         if self.workers == 0 and self.threads < 1:
             raise ValueError("Loading: with workers=0, threads must be >= 1")
+
+
+def reader_loading(owner: str, loading: Loading | None, seed: int | None) -> Loading:
+    """Check a reader's ``loading`` and ``seed`` arguments; return ``loading`` or the default.
+
+    ``owner`` names the reader in the errors (``PreferencePairs.loading: ...``).
+    """
+    if loading is not None and not isinstance(loading, Loading):
+        raise TypeError(
+            f"{owner}.loading: expected a dew.data.Loading, got {type(loading).__name__}"
+        )
+    if seed is not None and not is_int(seed):
+        raise TypeError(f"{owner}.seed: expected None or an int, got {seed!r}")
+    return loading if loading is not None else Loading()
 
 
 @runtime_checkable

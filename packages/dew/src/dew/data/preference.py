@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_int, is_integer
-from dew.data.dataset import Dataset, IndexedStream, Loading
+from dew.data.dataset import Dataset, IndexedStream, Loading, reader_loading
 from dew.data.preference_text import tokenize_row
 from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
@@ -191,15 +191,9 @@ class PreferencePairs:
             raise ValueError(f"PreferencePairs.seq_len: expected an int >= 2, got {seq_len!r}")
         if pad_id is not None and (not is_int(pad_id) or pad_id < 0):
             raise ValueError(f"PreferencePairs.pad_id: expected an int >= 0, got {pad_id!r}")
-        if loading is not None and not isinstance(loading, Loading):
-            raise TypeError(
-                f"PreferencePairs.loading: expected a dew.data.Loading, got {type(loading).__name__}"
-            )
-        if seed is not None and not is_int(seed):
-            raise TypeError(f"PreferencePairs.seed: expected None or an int, got {seed!r}")
         self.path = path
         self.seq_len = seq_len
-        self.loading = loading if loading is not None else Loading()
+        self.loading = reader_loading("PreferencePairs", loading, seed)
         self.seed = seed
         if path is not None:
             rows, labels = _read_path(os.fspath(path), split)

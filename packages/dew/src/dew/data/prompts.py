@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_int, is_integer
-from dew.data.dataset import Dataset, IndexedStream, Loading
+from dew.data.dataset import Dataset, IndexedStream, Loading, reader_loading
 from dew.data.row_batches import OnePass, RowBatches, parse_json_records
 
 METADATA = ("data_source", "ground_truth", "extra_info")
@@ -221,25 +221,15 @@ class Prompts:
     ) -> None:
         if (path is None) == (records is None):
             raise ValueError("Prompts: give exactly one of path= or records=, not both")
-        if (
-            isinstance(max_prompt_len, bool)
-            or not isinstance(max_prompt_len, int)
-            or max_prompt_len < 1
-        ):
+        if not is_int(max_prompt_len) or max_prompt_len < 1:
             raise ValueError(
                 f"Prompts.max_prompt_len: expected a positive int, got {max_prompt_len!r}"
             )
         if pad_id is not None and (not is_int(pad_id) or pad_id < 0):
             raise ValueError(f"Prompts.pad_id: expected None or an int >= 0, got {pad_id!r}")
-        if loading is not None and not isinstance(loading, Loading):
-            raise TypeError(
-                f"Prompts.loading: expected a dew.data.Loading, got {type(loading).__name__}"
-            )
-        if seed is not None and not is_int(seed):
-            raise TypeError(f"Prompts.seed: expected None or an int, got {seed!r}")
         self.path = path
         self.max_prompt_len = max_prompt_len
-        self.loading = loading if loading is not None else Loading()
+        self.loading = reader_loading("Prompts", loading, seed)
         self.seed = seed
         lazy = _LazyTokenizer(tokenizer)
         rows, labels = _read(path, records, split)

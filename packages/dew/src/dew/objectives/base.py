@@ -40,6 +40,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 Variables = dict[str, Any]
 Batch = dict[str, jax.Array]
@@ -101,6 +102,13 @@ def token_fields_of(objective: Any) -> tuple[str, ...]:
     return tuple(getattr(objective, "token_fields", TOKEN_FIELDS))
 
 
+def initial_variables(model: Any, pretrained: Any, key: jax.Array, length: int) -> Variables:
+    """``pretrained`` (as a dict) when given, else ``model.init`` on one ``[1, length]`` row of id 0."""
+    if pretrained is not None:
+        return dict(pretrained)
+    return dict(model.init(key, jnp.zeros((1, length), jnp.int32)))
+
+
 def validate_ema_decay(value: float | None, *, field: str = "ema_decay") -> float | None:
     """Check an EMA decay: ``None``, ``1.0`` or a float in ``(0, 1)``; return it as float."""
     if value is None:
@@ -131,6 +139,7 @@ __all__ = [
     "Metrics",
     "Objective",
     "Variables",
+    "initial_variables",
     "starts_from_variables",
     "token_fields_of",
     "validate_ema_decay",

@@ -27,8 +27,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from dew.objectives.base import validate_ema_decay, validate_pretrained
-from dew.objectives.scoring import positions_from_segments, same_chain, summarize_nll, token_nll
+from dew.objectives.base import initial_variables, validate_ema_decay, validate_pretrained
+from dew.objectives.scoring import (
+    nll_sums,
+    positions_from_segments,
+    same_chain,
+    summarize_nll,
+    token_nll,
+)
 
 segment_positions = positions_from_segments  # the old name, kept for one release
 
@@ -72,10 +78,7 @@ class LMObjective:
         return self.seq_len + 1
 
     def init(self, key: jax.Array) -> dict[str, Any]:
-        if self.pretrained is not None:
-            return dict(self.pretrained)
-        ids = jnp.zeros((1, self.seq_len), jnp.int32)
-        return dict(self.model.init(key, ids))
+        return initial_variables(self.model, self.pretrained, key, self.seq_len)
 
     def _check(self, batch: dict[str, jax.Array]) -> None:
         if "text" not in batch:
@@ -92,7 +95,7 @@ class LMObjective:
                 f"batch: loss_role={self.loss_role} needs a 'text_roles' field, got {sorted(batch)}"
             )
 
-    def _token_terms(self, variables: Any, batch: dict[str, jax.Array]):
+    def _token_terms(self, variables: Any, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
         self._check(batch)
         text = batch["text"].astype(jnp.int32)
         inputs, targets = text[:, :-1], text[:, 1:]
@@ -112,10 +115,7 @@ class LMObjective:
             mask = same_chain(seg)
         if self.loss_role is not None:
             mask = mask & (batch["text_roles"][:, 1:] == self.loss_role)
-        loss_sum = jnp.sum(jnp.where(mask, nll, 0.0))
-        correct_sum = jnp.sum(jnp.where(mask, correct, False).astype(jnp.float32))
-        weight = jnp.sum(mask.astype(jnp.float32))
-        return loss_sum, weight, correct_sum
+        return nll_sums(nll, correct, mask)
 
     def loss(
         self,
@@ -126,16 +126,15 @@ class LMObjective:
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """``(sum of target NLL, counted targets, {"accuracy_sum": correct targets})``."""
         del key, reference
-        loss_sum, weight, correct = self._token_terms(variables, batch)
-        return loss_sum, weight, {"accuracy_sum": correct}
+        sums = self._token_terms(variables, batch)
+        return sums["loss"], sums["weight"], {"accuracy_sum": sums["correct"]}
 
     def evaluate(
         self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
     ) -> dict[str, jax.Array]:
         """Sums for validation: ``loss`` (NLL), ``correct`` and ``weight`` (targets)."""
         del key
-        loss_sum, weight, correct = self._token_terms(variables, batch)
-        return {"loss": loss_sum, "correct": correct, "weight": weight}
+        return self._token_terms(variables, batch)
 
     @staticmethod
     def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:

@@ -9,6 +9,7 @@
 - ``positions_from_segments(segment_ids [B, T]) -> [B, T]``: positions restarting at 0 where
   the segment id changes.
 - ``packed_log_probs``: one forward over packed rows, each id scored given its own chain.
+- ``nll_sums``: summed NLL, correct targets and their count over a mask, for ``evaluate``.
 - ``summarize_nll``: token loss, perplexity (and accuracy) from summed evaluation totals.
 
 Convention: a row of ``T + 1`` ids is read as inputs ``ids[:, :-1]`` and targets
@@ -84,6 +85,19 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Arr
     """
     correct = jnp.argmax(logits, axis=-1) == targets
     return -target_log_probs(logits, targets), correct
+
+
+def nll_sums(nll: jax.Array, correct: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """Evaluation sums over the targets ``mask`` keeps (all ``[B, T]``).
+
+    Returns ``loss`` (summed NLL), ``correct`` (targets whose argmax was right) and ``weight``
+    (kept targets), float32 scalars, the totals ``summarize_nll`` reads.
+    """
+    return {
+        "loss": jnp.sum(jnp.where(mask, nll, 0.0)),
+        "correct": jnp.sum(jnp.where(mask, correct, False).astype(jnp.float32)),
+        "weight": jnp.sum(mask.astype(jnp.float32)),
+    }
 
 
 def same_chain(segment_ids: jax.Array) -> jax.Array:
@@ -164,6 +178,7 @@ def summarize_nll(totals: Mapping[str, float], *, accuracy: bool) -> dict[str, f
 
 __all__ = [
     "PERPLEXITY_CAP",
+    "nll_sums",
     "packed_log_probs",
     "positions_from_segments",
     "same_chain",

@@ -35,8 +35,8 @@ import jax
 import jax.numpy as jnp
 
 from dew.checks import is_int, is_real
-from dew.objectives.base import validate_pretrained
-from dew.objectives.scoring import summarize_nll, target_log_probs, token_nll
+from dew.objectives.base import initial_variables, validate_pretrained
+from dew.objectives.scoring import nll_sums, summarize_nll, target_log_probs, token_nll
 from dew.rl import preference_logsigmoid
 
 _FIELDS = ("input_ids", "completion_mask")
@@ -139,9 +139,7 @@ class DPOObjective:
 
     def init(self, key: jax.Array) -> dict[str, Any]:
         """``pretrained`` when given, else fresh variables of ``model``."""
-        if self.pretrained is not None:
-            return dict(self.pretrained)
-        return dict(self.model.init(key, jnp.zeros((1, self.seq_len), jnp.int32)))
+        return initial_variables(self.model, self.pretrained, key, self.seq_len)
 
     def _check(self, batch: dict[str, jax.Array]) -> None:
         want = self.seq_len + 1
@@ -195,11 +193,7 @@ class DPOObjective:
         mask = batch["completion_mask"][:, 0, 1:] > 0
         logits = self.model.apply(variables, ids[:, :-1])
         nll, correct = token_nll(logits, ids[:, 1:])
-        return {
-            "loss": jnp.sum(jnp.where(mask, nll, 0.0)),
-            "correct": jnp.sum(jnp.where(mask, correct, False).astype(jnp.float32)),
-            "weight": jnp.sum(mask.astype(jnp.float32)),
-        }
+        return nll_sums(nll, correct, mask)
 
     @staticmethod
     def summarize_evaluation(totals: dict[str, float]) -> dict[str, float]:

@@ -35,14 +35,14 @@ import jax
 import jax.numpy as jnp
 
 from dew.checks import is_int
-from dew.objectives.base import validate_pretrained
+from dew.objectives.base import initial_variables, validate_pretrained
 from dew.objectives.rl.policy_loss import (
     AGGREGATIONS,
     POLICY_LOSSES,
     SESSION_EPS,
     PolicyLossOptions,
-    compute_policy_loss,
     policy_loss_from_log_probs,
+    scored_policy_loss,
 )
 from dew.objectives.scoring import (
     packed_log_probs,
@@ -104,6 +104,8 @@ class GRPOObjective:
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
+        # The same nine keywords as policy_loss_from_log_probs: both keep an explicit signature
+        # (documented, type-checked) and hand it to PolicyLossOptions, which checks it once.
         options = PolicyLossOptions(
             policy_loss=policy_loss,
             aggregation=aggregation,
@@ -157,10 +159,7 @@ class GRPOObjective:
 
     def init(self, key: jax.Array) -> dict[str, Any]:
         """``pretrained`` when given, else fresh model variables."""
-        if self.pretrained is not None:
-            return dict(self.pretrained)
-        dummy = jnp.zeros((1, self.width), jnp.int32)
-        return dict(self.model.init(key, dummy))
+        return initial_variables(self.model, self.pretrained, key, self.width)
 
     def packed_log_probs(
         self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
@@ -189,16 +188,8 @@ class GRPOObjective:
     ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
         """``(loss_sum, weight, metrics)`` for one packed (micro)batch."""
         del key
-        log_probs = self.packed_log_probs(variables, batch)
-        ref_log_probs = None
-        if self.beta > 0:
-            if reference is None:
-                raise ValueError(
-                    "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
-                )
-            ref_log_probs = jax.lax.stop_gradient(self.packed_log_probs(reference, batch))
-        loss_sum, weight, metrics = compute_policy_loss(
-            log_probs, batch, self.loss_options, ref_log_probs
+        loss_sum, weight, metrics = scored_policy_loss(
+            self.packed_log_probs, variables, batch, self.loss_options, reference
         )
         if "rewards" in batch:  # SampledRollout's per-completion rewards, for the log
             metrics = {**metrics, "reward/mean": jnp.mean(jnp.asarray(batch["rewards"]))}

@@ -38,7 +38,7 @@ policy loss only and averages its KL over the unrejected mask, which Dew does no
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -272,6 +272,32 @@ def compute_policy_loss(
     return loss_sum, weight, jax.lax.stop_gradient(metrics)
 
 
+def scored_policy_loss(
+    score: Callable[[Mapping[str, Any], Mapping[str, jax.Array]], jax.Array],
+    variables: Mapping[str, Any],
+    batch: Mapping[str, jax.Array],
+    options: PolicyLossOptions,
+    reference: Mapping[str, Any] | None,
+    score_reference: Callable[[Mapping[str, Any], Mapping[str, jax.Array]], jax.Array]
+    | None = None,
+) -> tuple[jax.Array, jax.Array, Metrics]:
+    """The policy loss of ``variables``: ``score`` them (and, when ``beta > 0``, the frozen
+    ``reference`` under ``stop_gradient``) into ``[B, W]`` log-probs, then
+    ``compute_policy_loss``. ``score(variables, batch)`` is the objective's
+    ``packed_log_probs``; ``score_reference`` scores the reference when its tree differs
+    (default: ``score``)."""
+    if options.beta > 0 and reference is None:
+        raise ValueError(
+            "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
+        )
+    log_probs = score(variables, batch)
+    ref_log_probs = None
+    if reference is not None and options.beta > 0:
+        ref_score = score if score_reference is None else score_reference
+        ref_log_probs = jax.lax.stop_gradient(ref_score(reference, batch))
+    return compute_policy_loss(log_probs, batch, options, ref_log_probs)
+
+
 def policy_loss_from_log_probs(
     log_probs: jax.Array,
     batch: Mapping[str, jax.Array],
@@ -355,5 +381,6 @@ __all__ = [
     "compute_policy_loss",
     "policy_loss_from_log_probs",
     "read_inputs",
+    "scored_policy_loss",
     "surrogate",
 ]

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from dew.checks import is_real
 from dew.objectives.base import validate_pretrained
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rl.policy_loss import compute_policy_loss
+from dew.objectives.rl.policy_loss import scored_policy_loss
 from dew.objectives.scoring import packed_log_probs, same_chain
 from dew.rl import clipped_value_loss_terms, masked_mean
 
@@ -356,6 +356,14 @@ class PPOObjective:
                     f"{tuple(jnp.shape(batch[name]))}"
                 )
 
+    def _reference_log_probs(
+        self, reference: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> jax.Array:
+        # the frozen reference holds the policy subtree only (reference_variables)
+        return packed_log_probs(
+            self.model, self._as_policy(reference), batch, self.sampling_temperature
+        )
+
     def loss(
         self,
         variables: Mapping[str, Any],
@@ -366,21 +374,13 @@ class PPOObjective:
         """``(loss_sum, weight, metrics)`` for one packed (micro)batch; see the module doc."""
         del key
         self._check_batch(batch)
-        if self.beta > 0 and reference is None:
-            raise ValueError(
-                "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
-            )
-        log_probs = self.packed_log_probs(variables, batch)
-        ref_log_probs = None
-        if self.beta > 0:
-            assert reference is not None
-            ref_log_probs = jax.lax.stop_gradient(
-                packed_log_probs(
-                    self.model, self._as_policy(reference), batch, self.sampling_temperature
-                )
-            )
-        policy_sum, weight, metrics = compute_policy_loss(
-            log_probs, batch, self._policy.loss_options, ref_log_probs
+        policy_sum, weight, metrics = scored_policy_loss(
+            self.packed_log_probs,
+            variables,
+            batch,
+            self._policy.loss_options,
+            reference,
+            score_reference=self._reference_log_probs,
         )
         mask = (jnp.asarray(batch["response_mask"]) > 0) & (
             jnp.asarray(batch["text_segment_ids"]) > 0

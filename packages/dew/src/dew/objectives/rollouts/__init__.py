@@ -42,6 +42,8 @@ _NAMES: dict[str, str] = {
 }
 
 
+# Like dew.objectives.rl's: a module-level __getattr__ serves only its own package, so each
+# lazy package keeps its own three lines over its own table.
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is None:

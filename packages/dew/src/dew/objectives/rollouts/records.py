@@ -38,17 +38,23 @@ class Task:
     data: Any = None
 
 
-def _ids(value: Any, field_name: str, *, allow_empty: bool) -> np.ndarray:
-    """Token ids as a 1-D int64 array; booleans, negatives and non-integers are refused."""
+def token_ids(value: Any, field_name: str, *, allow_empty: bool = True) -> np.ndarray:
+    """Token ids as a 1-D int64 array; refuses booleans, negatives, non-integers and strings.
+
+    Errors are ``TypeError`` (wrong kind) or ``ValueError`` (wrong shape, negative id, empty
+    when ``allow_empty`` is off), each naming ``field_name`` (and the position of a bad id).
+    """
     if isinstance(value, np.ndarray):
         if value.dtype == np.bool_ or value.dtype.kind not in "iu":
             raise TypeError(f"{field_name}: expected integer token ids, got dtype {value.dtype}")
-        array = value.astype(np.int64).reshape(-1) if value.ndim == 1 else None
-        if array is None:
+        if value.ndim != 1:
             raise ValueError(
                 f"{field_name}: expected a 1-D sequence of ids, got shape {value.shape}"
             )
+        array = value.astype(np.int64)
     else:
+        if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
+            raise TypeError(f"{field_name}: expected a sequence of token ids, got {value!r}")
         items = list(value)
         for position, item in enumerate(items):
             if not is_integer(item):
@@ -106,8 +112,8 @@ class Call:
     support: Any = None
 
     def __post_init__(self) -> None:
-        prompt = _ids(self.prompt_ids, "Call.prompt_ids", allow_empty=False)
-        sampled = _ids(self.sampled_ids, "Call.sampled_ids", allow_empty=True)
+        prompt = token_ids(self.prompt_ids, "Call.prompt_ids", allow_empty=False)
+        sampled = token_ids(self.sampled_ids, "Call.sampled_ids")
         object.__setattr__(self, "prompt_ids", prompt)
         object.__setattr__(self, "sampled_ids", sampled)
         object.__setattr__(
@@ -149,7 +155,7 @@ class Call:
                 )
             sets = []
             for position, ids in enumerate(kept):
-                array = _ids(ids, f"Call.support[{position}]", allow_empty=False)
+                array = token_ids(ids, f"Call.support[{position}]", allow_empty=False)
                 if sampled[position] not in array:
                     raise ValueError(
                         f"Call.support[{position}]: the sampled id {sampled[position]} is not in "
@@ -232,4 +238,4 @@ def check_choice(value: str, choices: tuple[str, ...], field_name: str) -> None:
         raise ValueError(f"{field_name}: expected one of {choices}, got {value!r}")
 
 
-__all__ = ["Call", "Session", "Status", "Task", "check_choice"]
+__all__ = ["Call", "Session", "Status", "Task", "check_choice", "token_ids"]

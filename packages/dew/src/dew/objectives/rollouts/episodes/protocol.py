@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dew.checks import is_integer
+from dew.objectives.rollouts.records import token_ids
 
 
 class EpisodeStatus(enum.StrEnum):
@@ -115,8 +116,6 @@ class Observation:
                     "Observation.context: a RUNNING observation needs the next context, got None"
                 )
             return
-        from dew.objectives.rollouts.episodes.validation import token_ids
-
         ids = token_ids(self.context, "Observation.context")
         if ids.size == 0 and self.status is EpisodeStatus.RUNNING:
             raise ValueError("Observation.context: expected at least one id, got none")

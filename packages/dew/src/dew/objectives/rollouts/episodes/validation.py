@@ -33,31 +33,7 @@ from dew.objectives.rollouts.episodes.errors import (
     TokensAfterEosError,
 )
 from dew.objectives.rollouts.episodes.protocol import Action
-
-
-def token_ids(value: Any, field_name: str) -> np.ndarray:
-    """Ids as a 1-D int64 array; refuses booleans, negatives, non-integers (``TypeError`` /
-    ``ValueError`` naming ``field_name``)."""
-    if isinstance(value, np.ndarray):
-        if value.dtype == np.bool_ or value.dtype.kind not in "iu":
-            raise TypeError(f"{field_name}: expected integer token ids, got dtype {value.dtype}")
-        if value.ndim != 1:
-            raise ValueError(f"{field_name}: expected a 1-D sequence of ids, got {value.shape}")
-        array = value.astype(np.int64)
-    else:
-        if isinstance(value, str | bytes) or not hasattr(value, "__iter__"):
-            raise TypeError(f"{field_name}: expected a sequence of token ids, got {value!r}")
-        items = list(value)
-        for position, item in enumerate(items):
-            if not is_integer(item):
-                raise TypeError(
-                    f"{field_name}[{position}]: expected an integer token id, got {item!r}"
-                )
-        array = np.asarray(items, dtype=np.int64).reshape(-1)
-    if array.size and array.min() < 0:
-        bad = int(np.argmax(array < 0))
-        raise ValueError(f"{field_name}[{bad}]: expected a nonnegative id, got {array[bad]}")
-    return array
+from dew.objectives.rollouts.records import token_ids
 
 
 def _ids(value: Any, name: str, episode: Any, turn: int | None) -> np.ndarray:
