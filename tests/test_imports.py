@@ -1,4 +1,4 @@
-"""The import arrows of DESIGN.md, checked by parsing every source file.
+"""The import arrows of docs/architecture.md, checked by parsing every source file.
 
 Nothing is imported: each file under ``packages/*/src`` is parsed with ``ast``
 and its import statements are resolved to absolute module names (relative
@@ -7,7 +7,11 @@ imports included). The rules:
 * ``dew.rl`` imports only jax, numpy, the standard library and itself;
 * inside the ``dew`` distribution, only ``dew.objectives`` may import ``dew.rl``;
 * ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
-* ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``.
+* ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
+* inside ``dew`` (``inner_violations``): ``dew.data``, ``dew.models`` and ``dew.sampling``
+  import nothing else of ``dew``, ``dew.inference`` only ``dew.models`` and ``dew.sampling``,
+  ``dew.trainer`` no objective (only the protocol in ``dew.objectives.base``); all of them may
+  use the leaves ``dew.files`` and ``dew.checks``, which import nothing of ``dew``.
 
 The checker is also run on planted violations, so a checker that silently
 accepts everything fails here too.
@@ -158,6 +162,7 @@ LEAVES = ("dew.files", "dew.checks")  # stdlib/numpy-only helpers any part of de
 INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) it may import
     "dew.data": (),
     "dew.models": (),
+    "dew.sampling": (),
     "dew.inference": ("dew.models", "dew.sampling"),
 }
 
@@ -195,6 +200,7 @@ INNER_PLANTED = [
     ("dew.data", "import dew.trainer\n"),
     ("dew.models.decoder", "from dew.data import Dataset\n"),
     ("dew.models", "from dew import sampling\n"),
+    ("dew.sampling", "from dew.models import build\n"),
     ("dew.inference.server", "from dew.objectives.scoring import target_log_probs\n"),
     ("dew.inference.generation", "def f():\n    from dew.trainer import Trainer\n"),
     ("dew.inference", "from dew.data.prompts import decode_text\n"),
