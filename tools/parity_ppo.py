@@ -476,6 +476,8 @@ def source_sha256() -> dict[str, str]:
     return out
 
 
+# The recorder runs in the reference virtualenv, where dew is not installed, so it cannot use
+# dew.files.atomic_write; this is the same write (temporary file beside the target, replace).
 def atomic_write(path: Path, write: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)

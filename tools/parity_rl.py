@@ -267,6 +267,7 @@ class Recorder:
             arrays[f"grad{suffix}__{k}"] = _to_numpy(tensors[k].grad)
 
     def _write(self, stem: str, arrays: dict[str, np.ndarray], side: dict[str, Any]) -> None:
+        # Runs in the reference virtualenv without dew, hence not dew.files.atomic_write.
         self.out_dir.mkdir(parents=True, exist_ok=True)
         npz = self.out_dir / f"{stem}.npz"
         fd, tmp = tempfile.mkstemp(dir=self.out_dir, suffix=".npz.tmp")

@@ -92,7 +92,11 @@ def changelog_with_release(text: str, version: str, date: str, path: pathlib.Pat
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:
-    """Replace ``path`` with ``text`` through a temporary file in the same folder."""
+    """Replace ``path`` with ``text`` through a temporary file in the same folder.
+
+    Not ``dew.files.atomic_write``: this tool releases every distribution, dew-rl and
+    dew-sandbox included, and runs with the standard library alone.
+    """
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as handle:
