@@ -42,13 +42,13 @@ def main() -> None:
     import numpy as np
     import optax
 
-    import dew.models
     from dew.data.dataset import Dataset
     from dew.inference import TextGeneration
     from dew.objectives.rl.grpo import GRPOObjective
     from dew.objectives.rollouts.episodes import EpisodeRollout, EpisodeStatus, Observation
     from dew.objectives.rollouts.episodes.cohort import CohortMismatch
     from dew.sampling import Sampling
+    from dew.testing import tiny_decoder
     from dew.trainer import Trainer
 
     rank = jax.process_index()
@@ -82,16 +82,7 @@ def main() -> None:
     def verifier(episode):
         return float(len(episode.actions[-1].tokens)) if episode.actions else 0.0
 
-    model = dew.models.build(
-        "causal_transformer",
-        vocab_size=16,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=32,
-        init_std=0.02,
-    )
+    model = tiny_decoder(16, 32, init_std=0.02)
     objective = GRPOObjective(model, seq_len=P + R - 1)
     sampling = Sampling(eos_id=(1, 2, 3, 4, 5))
     per_rank = 2 // jax.process_count()

@@ -30,13 +30,13 @@ if os.environ.get("JAX_CACHE"):
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-import dew.models  # noqa: E402
 from dew.data.dataset import Dataset  # noqa: E402
 from dew.inference import TextGeneration  # noqa: E402
 from dew.objectives.rl.grpo import GRPOObjective  # noqa: E402
 from dew.objectives.rollouts.episodes import EpisodeJournal, EpisodeRollout  # noqa: E402
 from dew.sampling import Sampling  # noqa: E402
 from dew.sandbox import SandboxLimits, SubprocessEnvironment  # noqa: E402
+from dew.testing import tiny_decoder  # noqa: E402
 from dew.trainer import Trainer  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -50,16 +50,7 @@ def verifier(episode):
 
 
 def main(run_dir: str, steps: int) -> None:
-    model = dew.models.build(
-        "causal_transformer",
-        vocab_size=16,
-        emb_features=16,
-        num_layers=1,
-        num_heads=2,
-        mlp_features=32,
-        max_seq_len=32,
-        init_std=0.02,
-    )
+    model = tiny_decoder(16, 32, init_std=0.02)
     env = {
         name: os.environ[name]
         for name in ("WORKER_AUDIT", "WORKER_PAUSE_FILE", "WORKER_PAUSE_STEP")

@@ -195,7 +195,7 @@ class PPORollout:
                 f"packed batch), got {type(episodes).__name__}"
             )
         for name, value in (("gamma", gamma), ("lam", lam)):
-            if isinstance(value, bool) or not isinstance(value, int | float):
+            if not is_real(value):
                 raise TypeError(f"{name}: expected a float in [0, 1], got {value!r}")
             if not 0.0 <= float(value) <= 1.0:
                 raise ValueError(f"{name}: expected a float in [0, 1], got {value!r}")
