@@ -36,6 +36,7 @@ nox.options.sessions = [
     *[f"tests(package='{p}')" for p in PACKAGES],
     *[f"isolated(package='{p}')" for p in PACKAGES],
     "parity",
+    "quickstart",
     "docs",
     *[f"build(package='{p}')" for p in PACKAGES],
 ]
@@ -114,6 +115,19 @@ def parity(session: nox.Session) -> None:
     _sync(session, "--all-packages", "--exact")
     session.install(*TEST_TOOLS)
     session.run("pytest", "tests", *session.posargs)
+
+
+@nox.session
+def quickstart(session: nox.Session) -> None:
+    """Whole ``dew quickstart`` runs: the default preset on seeds 0 and 1 must lift held-out
+    accuracy at every stage, and a run killed at several moments must resume to the same
+    result. Minutes long, so the other sessions deselect these tests (marker ``quickstart``)."""
+    _sync(session, "--package", "dew", "--exact")
+    session.install(*TEST_TOOLS)
+    session.run(
+        "pytest", "packages/dew/tests/test_quickstart_runs.py", "-m", "quickstart",
+        "--durations=5", *session.posargs,
+    )  # fmt: skip
 
 
 @nox.session

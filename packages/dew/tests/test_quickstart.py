@@ -6,8 +6,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
-import zlib
 from fractions import Fraction
 
 import numpy as np
@@ -17,32 +15,20 @@ from dew.cli import main as dew_main
 from dew.quickstart import main
 from dew.quickstart.command import add_command, run_command
 from dew.quickstart.config import Settings
-from dew.quickstart.png import Canvas, encode_png
-from dew.quickstart.stages import first_difference
+from dew.quickstart.evaluate import Accuracy, changed, standard_error
+from dew.quickstart.pairs import Pair, PreferenceCheck, parting_index
+from dew.quickstart.plot import StageSeries, write_plot
 from dew.quickstart.task import Problem, all_problems, split
 from dew.quickstart.tokenizer import END, build_tokenizer, token_id
 from dew.rewards import MathReward
 from dew.rewards.math_answer import last_boxed
 
 
-def read_png(data: bytes) -> np.ndarray:
-    """Decode an 8-bit RGB PNG with filter type 0 (what encode_png writes), checking CRCs."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    at, chunks = 8, []
-    while at < len(data):
-        (length,) = struct.unpack(">I", data[at : at + 4])
-        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
-        (crc,) = struct.unpack(">I", data[at + 8 + length : at + 12 + length])
-        assert crc == zlib.crc32(kind + body), kind
-        chunks.append((kind, body))
-        at += 12 + length
-    assert [k for k, _ in chunks][0] == b"IHDR" and chunks[-1][0] == b"IEND"
-    width, height, depth, color, _, _, _ = struct.unpack(">IIBBBBB", chunks[0][1])
-    assert (depth, color) == (8, 2)
-    raw = zlib.decompress(b"".join(b for k, b in chunks if k == b"IDAT"))
-    rows = np.frombuffer(raw, np.uint8).reshape(height, 1 + 3 * width)
-    assert np.all(rows[:, 0] == 0)
-    return rows[:, 1:].reshape(height, width, 3)
+def read_image(path: str) -> np.ndarray:
+    """The pixels of a PNG written by the quickstart, decoded by matplotlib."""
+    from matplotlib.image import imread
+
+    return np.asarray(imread(path))
 
 
 def test_split_is_disjoint_and_seeded():
@@ -79,14 +65,88 @@ def test_tokenizer_reads_digits_one_by_one_and_round_trips():
     assert rendered == "<|user|>2+2<|end|><|assistant|>"
 
 
-def test_png_encoder_round_trips_pixels():
-    canvas = Canvas(13, 7)
-    canvas.line(0, 0, 12, 6, (255, 0, 0))
-    canvas.text(1, 1, "A1", (0, 0, 255))
-    back = read_png(encode_png(canvas.pixels))
-    np.testing.assert_array_equal(back, canvas.pixels)
-    assert tuple(back[0, 0]) == (255, 0, 0) and tuple(back[6, 12]) == (255, 0, 0)
-    assert (back == (0, 0, 255)).all(axis=-1).any()
+def test_plot_draws_one_panel_per_quantity(tmp_path):
+    from matplotlib.figure import Figure
+
+    stages = [
+        StageSeries("sft", 4, ((2, 2.0), (4, 1.0)), (), (0.0, 0.5), (0.0, 0.035), None, 3.0),
+        StageSeries("dpo", 2, ((2, 0.6),), (), (0.5, 0.6), (0.035, 0.035), (0.1, 0.9), 1.0),
+        StageSeries("grpo", 4, ((2, 0.1), (4, 0.0)), ((2, 0.5), (4, 0.7)), (0.6, 0.7),
+                    (0.035, 0.03), None, 2.0),
+    ]  # fmt: skip
+    drawn: list[Figure] = []
+    original = Figure.savefig
+
+    def keep(self, *args, **kwargs):
+        drawn.append(self)
+        return original(self, *args, **kwargs)
+
+    Figure.savefig = keep  # type: ignore[method-assign]
+    try:
+        write_plot(str(tmp_path / "plot.png"), stages)
+    finally:
+        Figure.savefig = original  # type: ignore[method-assign]
+    image = read_image(str(tmp_path / "plot.png"))
+    assert image.shape[0] > 400 and image.shape[1] > 600
+    assert not list(tmp_path.glob(".tmp-*"))
+    (figure,) = drawn
+    titles = [ax.get_title() for ax in figure.axes]
+    assert len(titles) == 6 and len(set(titles)) == 6
+    for ax in figure.axes:
+        assert ax.get_ylabel() and ax.get_legend() is not None, ax.get_title()
+    accuracy = figure.axes[0]
+    (line,) = accuracy.lines[:1]
+    np.testing.assert_allclose(np.asarray(line.get_ydata(), float), [0.0, 0.5, 0.6, 0.7])
+    reward = next(ax for ax in figure.axes if "reward" in ax.get_title())
+    np.testing.assert_allclose(np.asarray(reward.lines[0].get_ydata(), float), [0.5, 0.7])
+    with pytest.raises(ValueError, match="stages"):
+        write_plot(str(tmp_path / "empty.png"), [])
+
+
+def test_standard_error_and_changed_examples():
+    assert standard_error(0.5, 100) == pytest.approx(0.05)
+    assert standard_error(1.0, 10) == 0.0
+    questions = ("1+1", "2+2", "3+3", "4+4")
+    before = Accuracy(0.5, 2, 4, questions, ("a", "b", "c", "d"), (True, False, False, True))
+    after = Accuracy(0.5, 2, 4, questions, ("a", "B", "c", "D"), (True, True, False, False))
+    assert after.standard_error == pytest.approx(0.25)
+    out = changed(before, after)
+    assert [(c["question"], c["correct_after"]) for c in out] == [("2+2", True), ("4+4", False)]
+    assert out[0]["before"] == "b" and out[0]["after"] == "B"
+    assert changed(before, after, fixed=0, broken=0) == []
+    other = Accuracy(0.5, 2, 4, ("9+9",) * 4, ("",) * 4, (True,) * 4)
+    with pytest.raises(ValueError, match="same held-out questions"):
+        changed(before, other)
+
+
+def test_preference_check_ranks_the_right_id_by_the_model():
+    import jax
+    import jax.numpy as jnp
+
+    from dew import models
+
+    model = models.build("causal_transformer", vocab_size=12, emb_features=16, num_layers=1,
+                         num_heads=2, mlp_features=32, max_seq_len=8)  # fmt: skip
+    variables = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    pairs = [
+        Pair((1, 2), (3,), 4, 5, "q", "c", "r"),
+        Pair((1,), (), 6, 7, "q", "c", "r"),
+        Pair((2, 3, 4), (5, 6), 8, 9, "q", "c", "r"),
+    ]
+    apply = jax.jit(model.apply)
+    expected = []
+    for pair in pairs:
+        log_probs = jax.nn.log_softmax(apply(variables, jnp.asarray([pair.context]))[0, -1])
+        expected.append(bool(log_probs[pair.chosen_id] > log_probs[pair.rejected_id]))
+    check = PreferenceCheck(model, pairs, pad_id=0)
+    assert check(variables) == pytest.approx(np.mean(expected))
+    flipped = [Pair(p.prompt, p.prefix, p.rejected_id, p.chosen_id, "q", "c", "r") for p in pairs]
+    assert check(variables) + PreferenceCheck(model, flipped, pad_id=0)(variables) == 1.0
+    record = json.loads(pairs[0].record())
+    assert record["chosen"] == [1, 2, 3, 4] and record["rejected"] == [1, 2, 3, 5]
+    assert record["chosen_mask"] == record["rejected_mask"] == [0, 0, 0, 1]
+    with pytest.raises(ValueError, match="pairs"):
+        PreferenceCheck(model, [], pad_id=0)
 
 
 def _snapshot(run_dir: str) -> dict[str, tuple[int, int]]:
@@ -122,14 +182,32 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
         assert records and records[-1]["step"] == stage["steps"]
         assert all(np.isfinite(r["loss"]) for r in records)
         assert stage["final_metrics"]["step"] == stage["steps"]
+        for side in ("before", "after"):
+            accuracy = stage[f"accuracy_{side}"]
+            assert stage[f"standard_error_{side}"] == pytest.approx(
+                np.sqrt(accuracy * (1 - accuracy) / 32), abs=1e-4
+            )
+        for example in stage["changed"]:
+            assert example["correct_before"] != example["correct_after"]
     grpo = [json.loads(line) for line in open(os.path.join(run_dir, "grpo", "metrics.jsonl"))]
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in grpo)
-    assert "rewards/accuracy" in stages[1]["final_metrics"]  # a DPO metric
+    assert summary["reward_curves"]["grpo"] == [[r["step"], r["reward/mean"]] for r in grpo]
+    assert set(summary["reward_curves"]) == {"grpo"}
+    dpo = stages[1]
+    assert "rewards/accuracy" in dpo["final_metrics"]  # a DPO metric
+    pairs = [json.loads(line) for line in open(os.path.join(run_dir, "data", "dpo.jsonl"))]
+    assert dpo["pairs"] == len(pairs) > 0
+    for pair in pairs:  # one scored id per side, where the two answers part
+        assert pair["chosen"][:-1] == pair["rejected"][:-1]
+        assert pair["chosen"][-1] != pair["rejected"][-1]
+        assert pair["chosen_mask"] == pair["rejected_mask"] == [0] * (len(pair["chosen"]) - 1) + [1]
+        assert pair["chosen_text"] != pair["rejected_text"]
+    for side in ("before", "after"):
+        assert 0.0 <= dpo[f"preference_accuracy_{side}"] <= 1.0
 
-    with open(os.path.join(run_dir, "plot.png"), "rb") as f:
-        image = read_png(f.read())
-    assert image.shape[0] > 100 and image.shape[1] > 100
-    assert len(np.unique(image.reshape(-1, 3), axis=0)) > 3  # axes, text and coloured lines
+    image = read_image(os.path.join(run_dir, "plot.png"))
+    assert image.shape[0] > 400 and image.shape[1] > 600
+    assert "held-out accuracy" in out and "ranks the right id" in out
 
     before = _snapshot(run_dir)
     assert main(argv) == 0
@@ -172,12 +250,11 @@ def test_other_settings_in_the_same_run_dir_are_refused(tmp_path):
         main(["--size", "tiny", "--steps", "0.1", "--run-dir", run_dir, "--progress", "off"])
 
 
-def test_first_difference_marks_where_the_rejected_answer_departs():
-    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
-    assert first_difference([1, 2, 3], [1, 2]) == 1  # stops early: its last id
-    assert first_difference([1, 2], [1, 2, 3]) == 2
-    with pytest.raises(ValueError, match="equals"):
-        first_difference([1, 2], [1, 2])
+def test_parting_index_marks_where_the_rejected_answer_departs():
+    assert parting_index([1, 2, 3], [1, 5, 3]) == 1
+    assert parting_index([1, 2, 3], [4, 2, 3]) == 0
+    assert parting_index([1, 2, 3], [1, 2]) is None  # a prefix: no id to prefer
+    assert parting_index([1, 2], [1, 2]) is None
 
 
 def test_settings_scale_steps_and_refuse_unknown_sizes():

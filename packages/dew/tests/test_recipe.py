@@ -198,3 +198,41 @@ def test_bad_recipes_raise(setup):
         Recipe(
             model, optax.adam(1e-3), jax.random.key(0), base / "x", 0, (Stage("a", pairs, steps=1),)
         )
+
+
+def test_grpo_stage_passes_decode_eos_and_temperature_to_the_rollout(setup):
+    base, tok, chat = setup
+    prompts = Prompts(records=tuple(json.dumps(p) for p in PROMPTS), max_prompt_len=4)
+    model = dew.models.build(
+        "causal_transformer", **{k: v for k, v in MODEL.items() if k != "name"}
+    )
+
+    def decode(ids):
+        return "|".join(str(int(i)) for i in ids)
+
+    tuned = Stage("g", prompts, steps=1, reward=reward, temperature=0.3, eos_id=7, decode=decode)
+    plain = Stage("p", prompts, steps=1, reward=reward, sample=5)
+    recipe = Recipe(model, optax.adam(1e-3), jax.random.key(0), base / "opts", 2, (tuned, plain))
+    objective, rollout = recipe.objective(tuned, None)
+    assert objective.sampling_temperature == 0.3 and rollout.rescore
+    assert rollout.sampling.temperature == 0.3 and rollout.sampling.eos_id == 7
+    assert rollout.decode([3, 4]) == "3|4"
+    objective, rollout = recipe.objective(plain, None)  # SampledRollout's defaults
+    assert objective.sampling_temperature is None
+    assert rollout.sampling.temperature == 1.0 and rollout.sampling.eos_id is None
+    assert rollout.sampling.top_k == 5 and rollout.decode([3, 4]) == "3 4"
+
+
+def test_rollout_options_are_checked(setup):
+    prompts = Prompts(records=tuple(json.dumps(p) for p in PROMPTS), max_prompt_len=4)
+    pairs = PreferencePairs(records=tuple(json.dumps(p) for p in PAIRS), seq_len=8)
+    with pytest.raises(ValueError, match=r"Stage.temperature \(g\): expected a finite number > 0"):
+        Stage("g", prompts, steps=1, reward=reward, temperature=0.0)
+    with pytest.raises(ValueError, match=r"Stage.temperature \(g\).*got True"):
+        Stage("g", prompts, steps=1, reward=reward, temperature=True)
+    with pytest.raises(ValueError, match=r"Stage.eos_id \(d\): only a Prompts \(GRPO\) stage"):
+        Stage("d", pairs, steps=1, eos_id=3)
+    with pytest.raises(ValueError, match=r"Stage.decode \(d\).*PreferencePairs"):
+        Stage("d", pairs, steps=1, decode=str)
+    with pytest.raises(TypeError, match=r"Stage.decode \(g\): expected a callable"):
+        Stage("g", prompts, steps=1, reward=reward, decode="text")

@@ -179,7 +179,14 @@ def _run_stages(
 ) -> dict[str, Any]:
     import jax
 
-    from dew.quickstart.report import read_json, table, write_json, write_report_plot
+    from dew.quickstart.evaluate import changed
+    from dew.quickstart.report import (
+        read_json,
+        report,
+        reward_curve,
+        write_json,
+        write_report_plot,
+    )
 
     params: Any = _initial_params(ctx)
     before: Any = None
@@ -191,7 +198,7 @@ def _run_stages(
         steps = getattr(settings, f"{name}_steps")
         if os.path.isfile(result_path):
             print(f"[{name}] finished earlier: restoring its final checkpoint", flush=True)
-            state = train(ctx, params)
+            state, _ = train(ctx, params)
             params = jax.device_get(state.params)
             results.append(read_json(result_path))
             before = None
@@ -201,7 +208,7 @@ def _run_stages(
             measured_by = evaluate
         start = time.perf_counter()
         print(f"[{name}] training {steps} steps", flush=True)
-        state = train(ctx, params)
+        state, extra = train(ctx, params)
         seconds = time.perf_counter() - start
         params = jax.device_get(state.params)
         after = evaluate(params)
@@ -210,11 +217,14 @@ def _run_stages(
             "steps": steps,
             "accuracy_before": before.accuracy,
             "accuracy_after": after.accuracy,
+            "standard_error_before": round(before.standard_error, 4),
+            "standard_error_after": round(after.standard_error, 4),
             "seconds": round(seconds, 2),
             "solved_before": before.solved,
             "solved_after": after.solved,
             "held_out": after.total,
-            "examples_after": after.as_dict()["examples"],
+            **extra,
+            "changed": changed(before, after),
             "final_metrics": _last_metrics(run_dir, name),
         }
         write_json(result_path, result)
@@ -226,15 +236,17 @@ def _run_stages(
         results.append(result)
         before = after
     plot = write_report_plot(run_dir, results)
+    curves = {r["name"]: reward_curve(run_dir, r["name"]) for r in results}
     summary = {
         "complete": True,
         "settings": settings.as_dict(),
         "stages": results,
+        "reward_curves": {name: curve for name, curve in curves.items() if curve},
         "seconds": round(time.perf_counter() - t0, 2),
         "plot": os.path.basename(plot),
     }
     write_json(os.path.join(run_dir, SUMMARY), summary)
-    print(table(results), flush=True)
+    print(report(results, summary["reward_curves"]), flush=True)
     print(f"summary: {os.path.join(run_dir, SUMMARY)}  plot: {plot}", flush=True)
     return summary
 
@@ -258,7 +270,7 @@ def _last_metrics(run_dir: str, name: str) -> dict[str, Any]:
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the quickstart for parsed options; returns the exit status."""
-    from dew.quickstart.report import read_json, table
+    from dew.quickstart.report import read_json, report
 
     run_dir = os.path.abspath(args.run_dir)
     progress = {"auto": None, "on": True, "off": False}[args.progress]
@@ -272,7 +284,7 @@ def run_command(args: argparse.Namespace) -> int:
         summary = read_json(summary_path)
         if summary.get("complete") and summary.get("settings") == settings.as_dict():
             print(f"dew quickstart: {run_dir} is complete; nothing to train.")
-            print(table(summary["stages"]))
+            print(report(summary["stages"], summary.get("reward_curves")))
             return 0
     run(settings, run_dir, progress)
     return 0

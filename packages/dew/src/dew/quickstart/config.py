@@ -39,6 +39,11 @@ class Settings:
     *_lr: peak learning rates (SFT warms up and decays with a cosine; DPO and GRPO are flat).
     code: add the ``--code`` stage (code questions join the SFT data, then GRPO with
     ``CodeReward``); code_steps: its GRPO steps; code_held_out: held-out code questions.
+    dpo_problems: training questions the SFT policy answers to find its mistakes;
+    dpo_samples: sampled answers per question besides the greedy one, at dpo_temperature.
+    dpo_max_margin: a pair is kept when the starting policy prefers the right id by less
+    than this many nats (or prefers the wrong one).
+    checkpoint_every: steps between checkpoints inside a stage (a killed run resumes there).
     dpo_beta: DPO's preference scale. grpo_temperature: sampling temperature of the rollouts
     (the objective scores at the same temperature). max_new_tokens: response budget.
     """
@@ -58,15 +63,19 @@ class Settings:
     sft_seq_len: int = 63
     sft_lr: float = 3e-3
     dpo_batch: int = 32
-    dpo_problems: int = 2048
-    dpo_lr: float = 3e-6
-    dpo_beta: float = 0.1
+    dpo_problems: int = 1024
+    dpo_samples: int = 2
+    dpo_temperature: float = 1.0
+    dpo_lr: float = 1e-4
+    dpo_beta: float = 0.5
+    dpo_max_margin: float = 1.0
     grpo_prompts: int = 32
     grpo_groups: int = 8
     grpo_lr: float = 5e-5
     grpo_temperature: float = 0.3
     max_new_tokens: int = 24
     log_every: int = 5
+    checkpoint_every: int = 50
     code: bool = False
     code_steps: int = 10
     code_held_out: int = 64
@@ -82,7 +91,7 @@ class Settings:
                 limit=20, held_out=32, emb_features=32, num_layers=1, num_heads=2,
                 mlp_features=64, sft_steps=40, dpo_steps=10, grpo_steps=10, sft_batch=8,
                 dpo_batch=8, dpo_problems=64, grpo_prompts=4, grpo_groups=4, log_every=2,
-                code_steps=4, code_held_out=8,
+                code_steps=4, code_held_out=8, checkpoint_every=2,
             )  # fmt: skip
         else:
             base = dict(

@@ -12,6 +12,7 @@ scores with the sandbox's code reward (``question`` and ``score`` arguments).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,22 +27,53 @@ from dew.sampling import Sampling
 
 @dataclasses.dataclass(frozen=True)
 class Accuracy:
-    """Share of held-out problems solved, with a few decoded examples for the report."""
+    """Share of held-out problems solved, with every question, response and verdict.
+
+    ``standard_error`` is the binomial ``sqrt(p (1 - p) / n)`` of the estimate.
+    """
 
     accuracy: float
     solved: int
     total: int
-    examples: tuple[tuple[str, str, bool], ...]
+    questions: tuple[str, ...]
+    responses: tuple[str, ...]
+    correct: tuple[bool, ...]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "accuracy": self.accuracy,
-            "solved": self.solved,
-            "total": self.total,
-            "examples": [
-                {"question": q, "response": r, "correct": ok} for q, r, ok in self.examples
-            ],
-        }
+    @property
+    def standard_error(self) -> float:
+        return standard_error(self.accuracy, self.total)
+
+
+def standard_error(accuracy: float, total: int) -> float:
+    """Binomial standard error ``sqrt(p (1 - p) / n)`` of an accuracy over ``total`` items."""
+    return math.sqrt(max(accuracy * (1.0 - accuracy), 0.0) / total)
+
+
+def changed(
+    before: Accuracy, after: Accuracy, fixed: int = 3, broken: int = 2
+) -> list[dict[str, Any]]:
+    """Up to ``fixed`` problems ``after`` solves that ``before`` did not, then up to ``broken``
+    the other way round: question, both responses and both verdicts, in held-out order."""
+    if before.questions != after.questions:
+        raise ValueError("after: expected the same held-out questions as before")
+    out: list[dict[str, Any]] = []
+    for want, limit in ((True, fixed), (False, broken)):
+        found = 0
+        for k, question in enumerate(after.questions):
+            if found >= limit:
+                break
+            if after.correct[k] == want and before.correct[k] != want:
+                out.append(
+                    {
+                        "question": question,
+                        "before": before.responses[k],
+                        "after": after.responses[k],
+                        "correct_before": before.correct[k],
+                        "correct_after": after.correct[k],
+                    }
+                )
+                found += 1
+    return out
 
 
 def prompt_ids(tokenizer: ChatTokenizer, question: str) -> list[int]:
@@ -59,7 +91,6 @@ class Evaluator:
       problems: the held-out problems.
       eos_id: the id that ends a response (``<|end|>``).
       max_new_tokens: the response budget.
-      keep_examples: how many decoded responses to keep for the report.
       question: the user message of a problem (default ``Problem.question``).
       score: ``score(problem, response_text) -> bool`` (default: ``MathReward`` on the exact
         answer).
@@ -72,7 +103,6 @@ class Evaluator:
         problems: Sequence[Problem],
         eos_id: int,
         max_new_tokens: int,
-        keep_examples: int = 4,
         question: Callable[[Problem], str] | None = None,
         score: Callable[[Problem, str], bool] | None = None,
     ) -> None:
@@ -86,7 +116,6 @@ class Evaluator:
         self.sampling = Sampling(temperature=0.0, eos_id=eos_id)
         self.eos_id = eos_id
         self.max_new_tokens = max_new_tokens
-        self.keep_examples = keep_examples
         reward = MathReward()
         self.score = score or (
             lambda problem, text: reward("quickstart", text, str(problem.answer), "") > 0
@@ -96,14 +125,14 @@ class Evaluator:
         self.generation.bind(variables)
         out = self.generation(self.contexts, self.max_new_tokens, jax.random.key(0), self.sampling)
         assert isinstance(out, list)
-        solved = 0
-        examples: list[tuple[str, str, bool]] = []
+        responses: list[str] = []
+        correct: list[bool] = []
         for problem, generation in zip(self.problems, out, strict=True):
             ids = [int(i) for i in generation.ids if int(i) != self.eos_id]
             text = self.tokenizer.decode(ids)
-            ok = bool(self.score(problem, text))
-            solved += int(ok)
-            if len(examples) < self.keep_examples:
-                examples.append((self.question(problem), text, ok))
+            responses.append(text)
+            correct.append(bool(self.score(problem, text)))
         total = len(self.problems)
-        return Accuracy(solved / total, solved, total, tuple(examples))
+        solved = sum(correct)
+        questions = tuple(self.question(p) for p in self.problems)
+        return Accuracy(solved / total, solved, total, questions, tuple(responses), tuple(correct))

@@ -1,10 +1,18 @@
-"""The run's plot: loss, reward and held-out accuracy over the steps of every stage.
+"""The run's figure, ``plot.png``: one panel per quantity, drawn with matplotlib.
 
-Stages are laid end to end on one step axis (stage ``k`` starts where stage ``k - 1`` ended),
-so the three panels share it. Each panel draws its series in the colour of the stage they
-belong to, grey boundaries between stages with the stage names above, and its value range on
-the left. Accuracy is measured at stage boundaries only, so its panel joins those points.
-Rendered with :mod:`dew.quickstart.png`; no plotting library is needed.
+Panels, left to right and top to bottom:
+
+1. held-out accuracy before training and after each stage, with standard-error bars;
+2. SFT training loss per step;
+3. DPO training loss per step;
+4. the share of DPO pairs whose right id the policy ranks above its own wrong one, before and
+   after DPO;
+5. mean reward of the sampled GRPO completions per step (one line per rollout stage, so the
+   ``--code`` stage adds a second);
+6. wall-clock seconds each stage took.
+
+Drawn on a ``Figure`` with the Agg canvas directly, so no global pyplot state or display is
+touched. Every number comes from the stage results and their ``metrics.jsonl`` series.
 """
 
 from __future__ import annotations
@@ -12,132 +20,114 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 from collections.abc import Sequence
-
-from dew.quickstart.png import Canvas, Color, write_png
-
-STAGE_COLORS: tuple[Color, ...] = (
-    (31, 119, 180),
-    (214, 39, 40),
-    (44, 160, 44),
-    (148, 103, 189),
-    (255, 127, 14),
-)
-GRID: Color = (200, 200, 200)
-INK: Color = (40, 40, 40)
 
 
 @dataclasses.dataclass(frozen=True)
 class StageSeries:
-    """One stage's points: ``(step within the stage, value)`` per metric.
+    """One stage's points for the figure.
 
-    ``accuracy`` holds ``(0, before)`` and ``(steps, after)``; ``reward`` may be empty
-    (stages without a reward).
+    name, steps: the stage. loss, reward: ``(step, value)`` from its metrics (reward empty for
+    stages without one). accuracy, standard_error: held-out accuracy ``(before, after)`` and
+    their standard errors. preference: DPO's ``(before, after)`` share of pairs ranked right,
+    None for other stages. seconds: the stage's wall-clock time.
     """
 
     name: str
     steps: int
     loss: tuple[tuple[int, float], ...]
     reward: tuple[tuple[int, float], ...]
-    accuracy: tuple[tuple[int, float], ...]
+    accuracy: tuple[float, float]
+    standard_error: tuple[float, float]
+    preference: tuple[float, float] | None
+    seconds: float
 
 
-def _finite(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    return [(x, y) for x, y in points if math.isfinite(y)]
+def _finite(points: Sequence[tuple[int, float]]) -> tuple[list[int], list[float]]:
+    kept = [(x, y) for x, y in points if math.isfinite(y)]
+    return [x for x, _ in kept], [y for _, y in kept]
 
 
-def _label(value: float) -> str:
-    if value == 0 or 0.01 <= abs(value) < 1000:
-        return f"{value:.3g}"
-    return f"{value:.1e}".replace("+", "")
+def write_plot(path: str, stages: Sequence[StageSeries], title: str = "dew quickstart") -> None:
+    """Draw the figure for ``stages`` (in training order) and write it to ``path`` atomically."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
+    if not stages:
+        raise ValueError("stages: expected at least one stage to plot, got none")
+    figure = Figure(figsize=(15, 8.5), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(2, 3)
+    figure.suptitle(title)
+    colors = [f"C{k}" for k in range(len(stages))]
 
-def _range(values: Sequence[float], unit: bool) -> tuple[float, float]:
-    """``(low, high)`` of ``values`` (``(0, 1)`` when ``unit``), widened when flat or empty."""
-    if unit or not values:
-        return 0.0, 1.0
-    low, high = min(values), max(values)
-    if high - low < 1e-9:
-        return low - 0.5, high + 0.5
-    return low, high
+    ax = axes[0, 0]
+    labels = ["start"] + [f"after {s.name}" for s in stages]
+    values = [stages[0].accuracy[0]] + [s.accuracy[1] for s in stages]
+    errors = [stages[0].standard_error[0]] + [s.standard_error[1] for s in stages]
+    ax.errorbar(range(len(values)), values, yerr=errors, color="k", marker="o", capsize=4,
+                label="accuracy ± standard error")  # fmt: skip
+    for k, value in enumerate(values):
+        ax.annotate(f"{value:.3f}", (k, value), textcoords="offset points", xytext=(6, -12))
+    ax.set_xticks(range(len(values)), labels)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel("checkpoint")
+    ax.set_ylabel("held-out accuracy (greedy)")
+    ax.set_title("Held-out accuracy")
+    ax.legend(loc="lower right")
 
+    for ax, kind in ((axes[0, 1], "sft"), (axes[0, 2], "dpo")):
+        for stage, color in zip(stages, colors, strict=True):
+            if stage.name == kind:
+                xs, ys = _finite(stage.loss)
+                ax.plot(xs, ys, color=color, label=f"{kind} loss")
+        ax.set_xlabel(f"{kind.upper()} step")
+        ax.set_ylabel("training loss")
+        ax.set_title(f"{kind.upper()} loss")
+        if ax.lines:
+            ax.legend(loc="upper right")
 
-def render(stages: Sequence[StageSeries], width: int = 760, height: int = 560) -> Canvas:
-    """Draw the three panels for ``stages`` and return the canvas."""
-    canvas = Canvas(width, height)
-    offsets = []
-    total = 0
-    for stage in stages:
-        offsets.append(total)
-        total += max(stage.steps, 1)
-    total = max(total, 1)
-    left, right, top_margin = 70, width - 20, 34
-    panels = ("loss", "reward", "accuracy")
-    panel_height = (height - top_margin - 20) // len(panels)
-    canvas.text(left, 8, "DEW QUICKSTART", INK, scale=2)
+    ax = axes[1, 0]
+    dpo = [s for s in stages if s.preference is not None]
+    if dpo:
+        before, after = dpo[0].preference  # type: ignore[misc]
+        bars = ax.bar(["before DPO", "after DPO"], [before, after], color=["C7", colors[1]],
+                      label="pairs ranked right")  # fmt: skip
+        ax.bar_label(bars, fmt="%.2f")
+        ax.legend(loc="upper left")
+    ax.set_ylim(0.0, 1.05)
+    ax.set_ylabel("share of DPO pairs")
+    ax.set_title("DPO pairs: right id ranked above the policy's wrong one")
 
-    def x_of(step: float) -> float:
-        return left + (right - left) * step / total
+    ax = axes[1, 1]
+    for stage, color in zip(stages, colors, strict=True):
+        if stage.reward:
+            xs, ys = _finite(stage.reward)
+            ax.plot(xs, ys, color=color, marker=".", label=f"{stage.name} mean reward")
+    ax.set_ylim(0.0, 1.05)
+    ax.set_xlabel("rollout stage step")
+    ax.set_ylabel("mean reward of sampled answers")
+    ax.set_title("GRPO reward during training")
+    if ax.lines:
+        ax.legend(loc="lower right")
 
-    for row, metric in enumerate(panels):
-        top = top_margin + row * panel_height + 12
-        bottom = top + panel_height - 28
-        series = []
-        for k, stage in enumerate(stages):
-            points = _finite([(offsets[k] + s, v) for s, v in getattr(stage, metric)])
-            series.append(points)
-        values = [y for points in series for _, y in points]
-        shared = _range([y for points in series for _, y in points], metric == "accuracy")
-        # Losses of different objectives live on different scales: each stage gets its own.
-        ranges = [
-            _range([y for _, y in points], False) if metric == "loss" else shared
-            for points in series
-        ]
+    ax = axes[1, 2]
+    bars = ax.bar([s.name for s in stages], [s.seconds for s in stages], color=colors,
+                  label="wall-clock seconds")  # fmt: skip
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_xlabel("stage")
+    ax.set_ylabel("seconds")
+    ax.set_title("Time per stage")
+    ax.legend(loc="upper right")
 
-        def y_of(
-            value: float,
-            k: int,
-            top: int = top,
-            bottom: int = bottom,
-            ranges: list[tuple[float, float]] = ranges,
-        ) -> float:
-            low, high = ranges[k]
-            return bottom - (bottom - top) * (value - low) / (high - low)
-
-        canvas.line(left, top, left, bottom, INK)
-        canvas.line(left, bottom, right, bottom, INK)
-        canvas.text(4, top - 2, metric, INK, scale=2)
-        if metric == "loss":
-            canvas.text(4, top + 14, "PER STAGE", INK)
-            for k, points in enumerate(series):
-                if points:
-                    label_x = int(x_of(offsets[k])) + 3
-                    canvas.text(label_x, top + 2, _label(ranges[k][1]), INK)
-                    canvas.text(label_x, bottom - 7, _label(ranges[k][0]), INK)
-        else:
-            canvas.text(4, top + 14, _label(shared[1]), INK)
-            canvas.text(4, bottom - 5, _label(shared[0]), INK)
-        canvas.text(left, bottom + 4, "0", INK)
-        canvas.text(right - 4 * len(str(total)), bottom + 4, str(total), INK)
-        for k, stage in enumerate(stages):
-            x = x_of(offsets[k])
-            if k:
-                for y in range(top, bottom, 6):
-                    canvas.line(x, y, x, min(y + 2, bottom), GRID)
-            if row == 0:
-                canvas.text(int(x) + 3, top - 10, stage.name, STAGE_COLORS[k % len(STAGE_COLORS)])
-        if not values:
-            canvas.text((left + right) // 2 - 20, (top + bottom) // 2, "NO DATA", GRID)
-        for k, points in enumerate(series):
-            color = STAGE_COLORS[k % len(STAGE_COLORS)]
-            for (x0, y0), (x1, y1) in zip(points, points[1:]):
-                canvas.line(x_of(x0), y_of(y0, k), x_of(x1), y_of(y1, k), color, width=2)
-            for px, py in points:
-                size = 5 if metric == "accuracy" or len(points) == 1 else 1
-                canvas.point(int(round(x_of(px))), int(round(y_of(py, k))), color, size)
-    return canvas
-
-
-def write_plot(path: str | os.PathLike[str], stages: Sequence[StageSeries]) -> None:
-    """Render ``stages`` and write the PNG to ``path`` atomically."""
-    write_png(path, render(stages).pixels)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
+    os.close(fd)
+    try:
+        figure.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -3,15 +3,13 @@
 * SFT: ``ChatMessages`` over the training problems' worked answers (loss on the assistant
   tokens), one single-stage ``Recipe`` so it gets its own optimizer (AdamW with warm-up and
   cosine decay) and batch.
-* DPO: ``PreferencePairs`` of the right worked answer against the SFT policy's own wrong
-  greedy answer to the same training question (see ``dpo_data``), again a single-stage
-  ``Recipe``; the SFT policy is the frozen reference.
-* GRPO: ``Prompts`` of the training questions, ``SampledRollout`` sampling ``groups``
-  answers per prompt at ``grpo_temperature`` until ``<|end|>``, decoded by the tokenizer and
-  scored by ``MathReward``; the objective scores at the same temperature. It runs on
-  ``Trainer`` directly rather than through the chain,
-  because the chain's GRPO stage keeps ``SampledRollout``'s defaults (token ids as reward
-  text, no end-of-sequence id, temperature 1), which ``MathReward`` cannot read.
+* DPO: on-policy ``PreferencePairs``: the SFT policy answers training questions (greedily
+  and by sampling), and each wrong answer is paired with the right id where it parts from the
+  closest correct answer (``dew.quickstart.pairs``); a single-stage ``Recipe`` with the SFT
+  policy as the frozen reference.
+* GRPO: ``Prompts`` of the training questions in a single-stage ``Recipe`` whose stage samples
+  ``groups`` answers per prompt at ``grpo_temperature`` until ``<|end|>``, decoded by the
+  tokenizer and scored by ``MathReward``; the objective scores at the same temperature.
 
 * code (``--code`` only): the same GRPO on ``"python a+b"`` questions, rewarded by the
   sandbox's ``CodeReward`` running each completion's program on a ``ProcessRunner`` fleet
@@ -41,16 +39,14 @@ from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.files import atomic_write
 from dew.inference import TextGeneration
-from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rollouts.sampled import SampledRollout
 from dew.quickstart.config import Settings
 from dew.quickstart.evaluate import prompt_ids
+from dew.quickstart.pairs import Pair, PreferenceCheck, build_pairs
 from dew.quickstart.task import Problem
 from dew.quickstart.tokenizer import END
 from dew.recipes.chain import Recipe, Stage
 from dew.rewards import MathReward
-from dew.sampling import Sampling
-from dew.trainer import Trainer, TrainState
+from dew.trainer import TrainState
 
 DATA_SOURCE = "dew-quickstart-arithmetic"
 LOADING = Loading(workers=0, threads=1, read_buffer=2)
@@ -120,73 +116,68 @@ def response_ids(ctx: Context, text: str) -> list[int]:
     return ctx.tokenizer.encode(text + END)
 
 
-def first_difference(chosen: list[int], rejected: list[int]) -> int:
-    """Index into ``rejected`` of its first id that departs from ``chosen``.
+def dpo_pairs(ctx: Context, start: Any) -> list[Pair]:
+    """The on-policy pairs of ``start`` (the SFT policy), kept in ``RUN_DIR/data/dpo.jsonl``.
 
-    When ``rejected`` is a strict prefix of ``chosen`` its last id is returned (that is where
-    it stops early); identical responses are refused.
-    """
-    for index, (a, b) in enumerate(zip(chosen, rejected)):
-        if a != b:
-            return index
-    if len(chosen) == len(rejected):
-        raise ValueError("rejected: the wrong answer equals the right one")
-    return min(len(chosen), len(rejected) - 1)
-
-
-def dpo_data(ctx: Context, start: Any) -> PreferencePairs:
-    """Pairs of the right worked answer against the policy's own wrong one.
-
-    The starting policy answers ``dpo_problems`` training questions greedily; each wrong
-    answer becomes the rejected side of a pair whose chosen side is the worked answer (when
-    fewer than ``dpo_batch`` answers are wrong, slipped answers from ``Problem.wrong`` fill
-    in). The rejected side is scored up to and including its first wrong id: what follows a
-    slip is a consistent continuation of a wrong intermediate result, and pushing it down
-    would teach the model to stop writing well-formed steps. The shared prefix cancels
-    between the two sides, so the preference falls on the slip against the right id and the
-    rest of the right answer.
+    ``dpo_problems`` training questions (a seeded draw) are answered by the policy, greedily
+    and ``dpo_samples`` times at ``dpo_temperature``; each wrong answer is paired with the
+    right id where it parts from the closest correct answer (``dew.quickstart.pairs``). Only
+    pairs the policy ranks wrong, or right by less than ``dpo_max_margin`` nats, are kept:
+    the rest teach it nothing it does not already do. The file is written once, atomically,
+    so a resumed run trains on the same pairs.
     """
     s = ctx.settings
+    path = os.path.join(ctx.run_dir, "data", "dpo.jsonl")
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return [_pair(json.loads(line)) for line in f if line.strip()]
     rng = np.random.default_rng([s.seed, 1])
     picked = [ctx.train[i] for i in rng.permutation(len(ctx.train))[: s.dpo_problems]]
-    generation = TextGeneration(ctx.model).bind(start)
-    contexts = [prompt_ids(ctx.tokenizer, p.question) for p in picked]
-    sampling = Sampling(temperature=0.0, eos_id=ctx.end_id)
-    drawn = generation(contexts, s.max_new_tokens, jax.random.key(s.seed), sampling)
-    assert isinstance(drawn, list)
-    reward = MathReward()
-    pairs: list[tuple[list[int], list[int], list[int]]] = []
-    for problem, prompt, draw in zip(picked, contexts, drawn, strict=True):
-        ids = [int(i) for i in draw.ids]
-        text = ctx.tokenizer.decode([i for i in ids if i != ctx.end_id])
-        if reward(DATA_SOURCE, text, str(problem.answer), "") == 0.0:
-            pairs.append((prompt, response_ids(ctx, problem.worked()), ids))
-    for problem in picked:
-        if len(pairs) >= s.dpo_batch:
-            break
-        prompt = prompt_ids(ctx.tokenizer, problem.question)
-        wrong = response_ids(ctx, problem.wrong(rng))
-        pairs.append((prompt, response_ids(ctx, problem.worked()), wrong))
-    records = []
-    width = 0
-    for prompt, chosen, rejected in pairs:
-        width = max(width, len(prompt) + len(chosen), len(prompt) + len(rejected))
-        slip = first_difference(chosen, rejected)
-        records.append(
-            json.dumps(
-                {
-                    "chosen": prompt + chosen,
-                    "rejected": prompt + rejected,
-                    "chosen_mask": [0] * len(prompt) + [1] * len(chosen),
-                    "rejected_mask": [0] * len(prompt)
-                    + [1] * (slip + 1)
-                    + [0] * (len(rejected) - slip - 1),
-                }
-            )
+    items = [
+        (p.question, prompt_ids(ctx.tokenizer, p.question), response_ids(ctx, p.worked()),
+         str(p.answer))
+        for p in picked
+    ]  # fmt: skip
+    pairs = build_pairs(
+        TextGeneration(ctx.model).bind(start),
+        ctx.tokenizer.decode,
+        items,
+        ctx.end_id,
+        s.max_new_tokens,
+        s.dpo_samples,
+        s.dpo_temperature,
+        jax.random.fold_in(jax.random.key(s.seed), 101),
+    )
+    if pairs:  # keep what the policy gets wrong or nearly so
+        margins = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0).margins(start)
+        pairs = [p for p, m in zip(pairs, margins, strict=True) if m < s.dpo_max_margin]
+    if not pairs:
+        raise RuntimeError(
+            "dpo: the starting policy answered every sampled question right; there is nothing "
+            "for DPO to prefer (raise dpo_problems or shorten SFT)"
         )
-    pad = ctx.tokenizer.pad_id or 0
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    _write_jsonl(path, [{**dataclasses.asdict(p), **json.loads(p.record())} for p in pairs])
+    return pairs
+
+
+def _pair(row: dict[str, Any]) -> Pair:
+    fields = {f.name for f in dataclasses.fields(Pair)}
+    values = {k: row[k] for k in fields}
+    values["prompt"] = tuple(values["prompt"])
+    values["prefix"] = tuple(values["prefix"])
+    return Pair(**values)
+
+
+def dpo_data(ctx: Context, pairs: list[Pair]) -> PreferencePairs:
+    """``PreferencePairs`` over ``pairs``: each side its context and one scored id."""
+    width = max(len(p.context) for p in pairs) + 1
     return PreferencePairs(
-        records=tuple(records), seq_len=width, pad_id=pad, loading=LOADING, seed=s.seed
+        records=tuple(p.record() for p in pairs),
+        seq_len=width,
+        pad_id=ctx.tokenizer.pad_id or 0,
+        loading=LOADING,
+        seed=ctx.settings.seed,
     )
 
 
@@ -220,10 +211,11 @@ def prompt_data(ctx: Context, code: bool = False) -> Prompts:
 def _recipe(
     ctx: Context, stage: Stage, optimizer: Any, batch: int, start: Any, index: int
 ) -> TrainState:
-    """Run one chain stage in ``RUN_DIR/<stage.name>`` and return its final state."""
-    options: dict[str, Any] = {}
-    if "progress" in {f.name for f in dataclasses.fields(Recipe)}:
-        options["progress"] = ctx.progress
+    """Run one single-stage chain in ``RUN_DIR/<stage.name>`` and return its final state.
+
+    Each stage is its own ``Recipe`` because each has its own optimizer and batch, and
+    because DPO's pairs are drawn from the policy the previous stage produced.
+    """
     recipe = Recipe(
         model=ctx.model,
         optimizer=optimizer,
@@ -233,41 +225,56 @@ def _recipe(
         stages=(stage,),
         pretrained=start,
         log_every=ctx.settings.log_every,
-        **options,
+        progress=ctx.progress,
+        checkpoint_every=ctx.settings.checkpoint_every,
     )
     (state,) = recipe.run()
     return state
 
 
-def run_sft(ctx: Context, start: Any) -> TrainState:
+Outcome = tuple[TrainState, dict[str, Any]]
+
+
+def run_sft(ctx: Context, start: Any) -> Outcome:
     s = ctx.settings
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, s.sft_lr, max(1, s.sft_steps // 15), s.sft_steps, s.sft_lr * 0.1
     )
     optimizer = optax.adamw(schedule, weight_decay=0.01)
     stage = Stage("sft", sft_data(ctx), steps=s.sft_steps)
-    return _recipe(ctx, stage, optimizer, s.sft_batch, start, 0)
+    return _recipe(ctx, stage, optimizer, s.sft_batch, start, 0), {}
 
 
-def run_dpo(ctx: Context, start: Any) -> TrainState:
+def run_dpo(ctx: Context, start: Any) -> Outcome:
+    """DPO on the SFT policy's own mistakes; reports how many pairs it ranks right before and
+    after (``preference_accuracy_before`` / ``_after``) and a few pairs."""
     s = ctx.settings
-    stage = Stage("dpo", dpo_data(ctx, start), steps=s.dpo_steps, beta=s.dpo_beta)
-    return _recipe(ctx, stage, optax.adam(s.dpo_lr), s.dpo_batch, start, 1)
+    pairs = dpo_pairs(ctx, start)
+    stage = Stage("dpo", dpo_data(ctx, pairs), steps=s.dpo_steps, beta=s.dpo_beta)
+    state = _recipe(ctx, stage, optax.adam(s.dpo_lr), s.dpo_batch, start, 1)
+    check = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0)
+    extra = {
+        "pairs": len(pairs),
+        "preference_accuracy_before": check(start),
+        "preference_accuracy_after": check(jax.device_get(state.params)),
+        "pair_examples": [p.as_dict() for p in pairs[:3]],
+    }
+    return state, extra
 
 
-def run_grpo(ctx: Context, start: Any) -> TrainState:
+def run_grpo(ctx: Context, start: Any) -> Outcome:
     s = ctx.settings
     return _grpo(ctx, start, prompt_data(ctx), MathReward(), "grpo", 2, s.grpo_steps,
-                 s.max_new_tokens)  # fmt: skip
+                 s.max_new_tokens), {}  # fmt: skip
 
 
-def run_code(ctx: Context, start: Any) -> TrainState:
+def run_code(ctx: Context, start: Any) -> Outcome:
     """GRPO on code questions, each completion's program run by the sandbox fleet."""
     if ctx.code_reward is None:
         raise ValueError("code_reward: the code stage needs the sandbox's reward, got None")
     s = ctx.settings
     return _grpo(ctx, start, prompt_data(ctx, code=True), ctx.code_reward, "code", 3,
-                 s.code_steps, code_new_tokens(s))  # fmt: skip
+                 s.code_steps, code_new_tokens(s)), {}  # fmt: skip
 
 
 def _grpo(
@@ -280,33 +287,22 @@ def _grpo(
     steps: int,
     max_new_tokens: int,
 ) -> TrainState:
-    """One GRPO stage on ``Trainer`` in ``RUN_DIR/<name>``."""
+    """One GRPO stage through the chain: samples at ``grpo_temperature`` until ``<|end|>``,
+    the reward reading the decoded text."""
     s = ctx.settings
-    width = prompts.max_prompt_len + max_new_tokens
-    objective = GRPOObjective(
-        ctx.model, width - 1, beta=0.0, pretrained=start, sampling_temperature=s.grpo_temperature
-    )
-    rollout = SampledRollout(
-        objective,
-        reward,
+    stage = Stage(
+        name,
+        prompts,
+        steps=steps,
+        beta=0.0,
+        reward=reward,
         groups=s.grpo_groups,
         max_new_tokens=max_new_tokens,
-        sampling=Sampling(temperature=s.grpo_temperature, eos_id=ctx.end_id),
+        temperature=s.grpo_temperature,
+        eos_id=ctx.end_id,
         decode=ctx.tokenizer.decode,
     )
-    trainer = Trainer(
-        objective,  # type: ignore[arg-type]  # its ema_decay is a read-only property
-        optax.adam(s.grpo_lr),
-        key=jax.random.fold_in(jax.random.key(s.seed), index),
-        rollout=rollout,
-        progress=ctx.progress,
-    )
-    return trainer.fit(
-        prompts.load(s.grpo_prompts),
-        steps,
-        log_every=s.log_every,
-        run_dir=os.path.join(ctx.run_dir, name),
-    )
+    return _recipe(ctx, stage, optax.adam(s.grpo_lr), s.grpo_prompts, start, index)
 
 
 STAGES = (("sft", run_sft), ("dpo", run_dpo), ("grpo", run_grpo))

@@ -17,14 +17,16 @@ trains in ``output / stage.name`` through ``Trainer.fit(run_dir=...)``, so a sta
 directory already holds a checkpoint resumes from it, and a finished one restores without
 training. The name only labels the directory; it never changes how data is read.
 
-GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens`` and ``sample`` (the
-sampler's top-k). Decoding, EOS ids and temperature stay at ``SampledRollout``'s defaults, so
-the reward reads token ids separated by spaces; build ``SampledRollout`` and ``Trainer``
-yourself for anything else.
+GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sample`` (the
+sampler's top-k), ``temperature`` (the rollout samples at it and the objective scores at the
+same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
+the reward reads). Left unset they keep ``SampledRollout``'s defaults: temperature 1, no end
+id, and token ids separated by spaces as the reward's text.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +57,12 @@ class Stage:
       groups: GRPO completions per prompt (>= 2).
       max_new_tokens: GRPO response budget.
       sample: GRPO sampler top-k (None: the full softmax).
+      temperature: GRPO sampling temperature, > 0 (None: 1.0); the objective scores the
+        sampled ids at the same temperature.
+      eos_id: GRPO id, or tuple of ids, that ends a completion (None: completions run to
+        ``max_new_tokens``).
+      decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
+        separated by spaces).
     """
 
     name: str
@@ -65,6 +73,9 @@ class Stage:
     groups: int = 4
     max_new_tokens: int = 16
     sample: int | None = None
+    temperature: float | None = None
+    eos_id: int | tuple[int, ...] | None = None
+    decode: Callable[[Any], str] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or os.sep in self.name:
@@ -86,6 +97,32 @@ class Stage:
             raise ValueError(
                 f"Stage.reward ({self.name}): only a Prompts (GRPO) stage takes a reward, this "
                 f"stage's data is {type(self.data).__name__}"
+            )
+        rollout_options = {
+            "temperature": self.temperature,
+            "eos_id": self.eos_id,
+            "decode": self.decode,
+        }
+        for option, value in rollout_options.items():
+            if value is not None and not isinstance(self.data, Prompts):
+                raise ValueError(
+                    f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage samples, this "
+                    f"stage's data is {type(self.data).__name__}"
+                )
+        if self.temperature is not None and (
+            isinstance(self.temperature, bool)
+            or not isinstance(self.temperature, int | float)
+            or not self.temperature > 0
+            or not math.isfinite(self.temperature)
+        ):
+            raise ValueError(
+                f"Stage.temperature ({self.name}): expected a finite number > 0, "
+                f"got {self.temperature!r}"
+            )
+        if self.decode is not None and not callable(self.decode):
+            raise TypeError(
+                f"Stage.decode ({self.name}): expected a callable ids -> str, "
+                f"got {type(self.decode).__name__}"
             )
 
     @property
@@ -114,6 +151,8 @@ class Recipe:
       pretrained: variables the first stage starts from (None: a fresh initialisation).
       log_every: metrics cadence passed to ``Trainer.fit``.
       progress: a progress bar per stage (None: only when stderr is a terminal).
+      checkpoint_every: also checkpoint every this many steps inside a stage (None: only at
+        the end of each stage), so a killed run resumes mid-stage.
     """
 
     model: Any
@@ -125,6 +164,7 @@ class Recipe:
     pretrained: Mapping[str, Any] | None = None
     log_every: int | None = None
     progress: bool | None = None
+    checkpoint_every: int | None = None
 
     def __post_init__(self) -> None:
         self.stages = tuple(self.stages)
@@ -139,6 +179,13 @@ class Recipe:
             raise ValueError(f"Recipe.stages: stage names must be distinct, repeated: {repeated}")
         if not is_int(self.batch) or self.batch < 1:
             raise ValueError(f"Recipe.batch: expected a positive int, got {self.batch!r}")
+        every = self.checkpoint_every
+        if every is not None and (
+            isinstance(every, bool) or not isinstance(every, int) or every < 1
+        ):
+            raise ValueError(
+                f"Recipe.checkpoint_every: expected None or a positive int, got {every!r}"
+            )
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
         """The objective and rollout (None unless GRPO) a stage trains with."""
@@ -161,14 +208,22 @@ class Recipe:
 
         beta = DEFAULT_GRPO_BETA if stage.beta is None else stage.beta
         width = data.max_prompt_len + stage.max_new_tokens
-        objective = GRPOObjective(self.model, width - 1, beta=beta, pretrained=start)
+        objective = GRPOObjective(
+            self.model,
+            width - 1,
+            beta=beta,
+            pretrained=start,
+            sampling_temperature=stage.temperature,
+        )
         assert stage.reward is not None
+        temperature = 1.0 if stage.temperature is None else float(stage.temperature)
         rollout = SampledRollout(
             objective,
             stage.reward,
             groups=stage.groups,
             max_new_tokens=stage.max_new_tokens,
-            sampling=Sampling(top_k=stage.sample),
+            sampling=Sampling(temperature=temperature, top_k=stage.sample, eos_id=stage.eos_id),
+            decode=stage.decode,
         )
         return objective, rollout
 
@@ -190,6 +245,7 @@ class Recipe:
                 key=jax.random.fold_in(self.key, index),
                 rollout=rollout,
                 progress=self.progress,
+                checkpoint_every=self.checkpoint_every,
             )
             state = trainer.fit(
                 datasets[index],

@@ -1,0 +1,102 @@
+"""Whole ``dew quickstart`` runs as a user starts them: the default preset on two seeds, and
+a run killed with SIGKILL at several moments that still ends with the uninterrupted result.
+
+These take minutes, so they carry the ``quickstart`` marker: the default pytest options
+deselect it and the ``quickstart`` nox session runs exactly these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.quickstart
+
+ENTRY = "import sys; from dew.quickstart import main; sys.exit(main(sys.argv[1:]))"
+
+
+def quickstart(*args: str) -> subprocess.Popen[str]:
+    """``dew quickstart ARGS`` in a fresh process (one CPU device, as a user runs it)."""
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    return subprocess.Popen(
+        [sys.executable, "-c", ENTRY, *args, "--progress", "off"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 900) -> str:
+    out, _ = process.communicate(timeout=timeout)
+    assert process.returncode == 0, out
+    return out
+
+
+def outcome(run_dir: Path) -> list[dict[str, Any]]:
+    """Each stage's result without the wall-clock fields, which differ between runs."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["complete"] is True
+    stages = []
+    for stage in summary["stages"]:
+        kept = {k: v for k, v in stage.items() if k != "seconds"}
+        kept["final_metrics"] = {
+            k: v for k, v in stage["final_metrics"].items() if k != "tokens_per_s"
+        }
+        stages.append(kept)
+    return stages
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed: int) -> None:
+    run_dir = tmp_path / f"seed{seed}"
+    out = finish(quickstart("--seed", str(seed), "--run-dir", str(run_dir)))
+    stages = outcome(run_dir)
+    assert [s["name"] for s in stages] == ["sft", "dpo", "grpo"]
+    for stage in stages:
+        assert stage["accuracy_after"] > stage["accuracy_before"], (stage["name"], out)
+    dpo, grpo = stages[1], stages[2]
+    assert dpo["preference_accuracy_after"] > dpo["preference_accuracy_before"]
+    assert grpo["accuracy_after"] - grpo["accuracy_before"] > grpo["standard_error_before"]
+
+
+def _has(path: Path) -> Callable[[], bool]:
+    return path.exists
+
+
+def _checkpoints(path: Path) -> Callable[[], bool]:
+    return lambda: path.is_dir() and any(path.iterdir())
+
+
+def test_sigkill_at_any_stage_resumes_to_the_same_result(tmp_path: Path) -> None:
+    argv = ["--size", "tiny", "--steps", "0.5"]
+    straight = tmp_path / "straight"
+    finish(quickstart(*argv, "--run-dir", str(straight)))
+
+    killed = tmp_path / "killed"
+    moments = [
+        ("inside SFT, after its first checkpoint", _checkpoints(killed / "sft" / "checkpoints")),
+        ("while DPO trains on its saved pairs", _has(killed / "dpo" / "metrics.jsonl")),
+        ("inside GRPO, after its first checkpoint", _checkpoints(killed / "grpo" / "checkpoints")),
+    ]
+    for moment, reached in moments:
+        process = quickstart(*argv, "--run-dir", str(killed))
+        deadline = time.monotonic() + 600
+        while not reached() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, f"the run ended before the kill {moment}"
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert not (killed / "summary.json").exists(), moment
+    out = finish(quickstart(*argv, "--run-dir", str(killed)))
+    assert "finished earlier" in out
+    assert outcome(killed) == outcome(straight)
