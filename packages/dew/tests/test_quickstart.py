@@ -129,9 +129,9 @@ def test_preference_check_ranks_the_right_id_by_the_model():
                          num_heads=2, mlp_features=32, max_seq_len=8)  # fmt: skip
     variables = model.init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
     pairs = [
-        Pair((1, 2), (3,), 4, 5, "q", "c", "r"),
-        Pair((1,), (), 6, 7, "q", "c", "r"),
-        Pair((2, 3, 4), (5, 6), 8, 9, "q", "c", "r"),
+        Pair((1, 2), (3,), 4, 5, (6, 11), "q", "c", "r"),
+        Pair((1,), (), 6, 7, (), "q", "c", "r"),
+        Pair((2, 3, 4), (5, 6), 8, 9, (10,), "q", "c", "r"),
     ]
     apply = jax.jit(model.apply)
     expected = []
@@ -140,11 +140,14 @@ def test_preference_check_ranks_the_right_id_by_the_model():
         expected.append(bool(log_probs[pair.chosen_id] > log_probs[pair.rejected_id]))
     check = PreferenceCheck(model, pairs, pad_id=0)
     assert check(variables) == pytest.approx(np.mean(expected))
-    flipped = [Pair(p.prompt, p.prefix, p.rejected_id, p.chosen_id, "q", "c", "r") for p in pairs]
+    flipped = [
+        Pair(p.prompt, p.prefix, p.rejected_id, p.chosen_id, (), "q", "c", "r") for p in pairs
+    ]
     assert check(variables) + PreferenceCheck(model, flipped, pad_id=0)(variables) == 1.0
-    record = json.loads(pairs[0].record())
-    assert record["chosen"] == [1, 2, 3, 4] and record["rejected"] == [1, 2, 3, 5]
-    assert record["chosen_mask"] == record["rejected_mask"] == [0, 0, 0, 1]
+    record = json.loads(pairs[0].record())  # the whole right answer; the wrong id alone
+    assert record["chosen"] == [1, 2, 3, 4, 6, 11] and record["rejected"] == [1, 2, 3, 5]
+    assert record["chosen_mask"] == [0, 0, 1, 1, 1, 1]
+    assert record["rejected_mask"] == [0, 0, 0, 1]
     with pytest.raises(ValueError, match="pairs"):
         PreferenceCheck(model, [], pad_id=0)
 
@@ -197,10 +200,14 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
     assert "rewards/accuracy" in dpo["final_metrics"]  # a DPO metric
     pairs = [json.loads(line) for line in open(os.path.join(run_dir, "data", "dpo.jsonl"))]
     assert dpo["pairs"] == len(pairs) > 0
-    for pair in pairs:  # one scored id per side, where the two answers part
-        assert pair["chosen"][:-1] == pair["rejected"][:-1]
-        assert pair["chosen"][-1] != pair["rejected"][-1]
-        assert pair["chosen_mask"] == pair["rejected_mask"] == [0] * (len(pair["chosen"]) - 1) + [1]
+    for pair in pairs:  # the right answer, and the wrong id where the answers part
+        at = len(pair["rejected"]) - 1
+        assert pair["chosen"][:at] == pair["rejected"][:at]
+        assert pair["chosen"][at] != pair["rejected"][at]
+        assert pair["rejected_mask"] == [0] * at + [1]
+        assert pair["chosen_mask"] == [0] * len(pair["prompt"]) + [1] * (
+            len(pair["chosen"]) - len(pair["prompt"])
+        )
         assert pair["chosen_text"] != pair["rejected_text"]
     for side in ("before", "after"):
         assert 0.0 <= dpo[f"preference_accuracy_{side}"] <= 1.0

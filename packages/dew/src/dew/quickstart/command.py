@@ -102,10 +102,10 @@ def _check_settings(run_dir: str, settings: Settings) -> None:
 
 
 def _context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
-    from dew import models
     from dew.quickstart.stages import Context
     from dew.quickstart.task import split
     from dew.quickstart.tokenizer import END, build_tokenizer, save_tokenizer, token_id, vocab_size
+    from dew.recipes.builder import build_model
 
     problems = split(settings.limit, settings.held_out, settings.seed)
     texts = [p.worked() for p in problems.train]
@@ -113,13 +113,9 @@ def _context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
         texts += [f"{p.code_question} {p.program()}" for p in problems.train[::4]]
     tokenizer = build_tokenizer(texts)
     save_tokenizer(tokenizer, os.path.join(run_dir, "tokenizer"))
-    model = models.build(
-        "causal_transformer",
+    model, _ = build_model(
+        settings.model_config(),
         vocab_size=vocab_size(tokenizer),
-        emb_features=settings.emb_features,
-        num_layers=settings.num_layers,
-        num_heads=settings.num_heads,
-        mlp_features=settings.mlp_features,
         max_seq_len=settings.sft_seq_len + 1,
     )
     ctx = Context(

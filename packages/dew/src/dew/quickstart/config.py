@@ -24,7 +24,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-SIZES = ("tiny", "small")
+from dew.recipes.builder import (
+    ModelConfig,
+    OptimizerConfig,
+    ScheduleConfig,
+    build_optimizer,
+)
+
+SIZES = ("tiny", "small", "medium")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,15 +100,54 @@ class Settings:
                 dpo_batch=8, dpo_problems=64, grpo_prompts=4, grpo_groups=4, log_every=2,
                 code_steps=4, code_held_out=8, checkpoint_every=2,
             )  # fmt: skip
-        else:
+        elif size == "small":
             base = dict(
                 limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
                 mlp_features=256, sft_steps=350, dpo_steps=40, grpo_steps=150,
+            )  # fmt: skip
+        else:
+            base = dict(
+                limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
+                mlp_features=256, sft_steps=1500, dpo_steps=40, grpo_steps=100,
             )  # fmt: skip
         base.setdefault("code_steps", cls.code_steps)
         for name in ("sft_steps", "dpo_steps", "grpo_steps", "code_steps"):
             base[name] = max(2, int(round(base[name] * steps)))
         return cls(size=size, seed=seed, code=code, **base)
+
+    def model_config(self) -> ModelConfig:
+        """The decoder for ``dew.recipes.builder.build_model`` (vocabulary and width come
+        from the tokenizer and the rows)."""
+        return ModelConfig(
+            name="causal_transformer",
+            emb_features=self.emb_features,
+            num_layers=self.num_layers,
+            num_heads=self.num_heads,
+            mlp_features=self.mlp_features,
+        )
+
+    def optimizer(self, stage: str) -> Any:
+        """The optax transformation of a stage, built by ``dew.recipes.builder``.
+
+        SFT: AdamW (weight decay 0.01) warming up over the first fifteenth of its steps, then
+        a cosine down to a tenth of ``sft_lr``. DPO and GRPO: Adam at a constant rate. No
+        gradient clipping.
+        """
+        steps = getattr(self, f"{stage}_steps")
+        if stage == "sft":
+            return build_optimizer(
+                OptimizerConfig(
+                    name="adamw", learning_rate=self.sft_lr, weight_decay=0.01, clip=0.0
+                ),
+                ScheduleConfig(kind="cosine", warmup_steps=max(1, steps // 15), end_fraction=0.1),
+                steps=steps,
+            )
+        rate = {"dpo": self.dpo_lr, "grpo": self.grpo_lr, "code": self.grpo_lr}[stage]
+        return build_optimizer(
+            OptimizerConfig(name="adam", learning_rate=rate, clip=0.0),
+            ScheduleConfig(kind="constant"),
+            steps=steps,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -3,15 +3,15 @@
 The policy that DPO starts from (the SFT model) answers a sample of training questions, once
 greedily and ``dpo_samples`` times at ``dpo_temperature``. Every wrong answer becomes the
 rejected side of a pair; the chosen side is the correct sample that agrees with it longest
-(or, when none of the samples is right, the reference worked answer). Both answers are
-cut at the first id where they part: the shared prefix is the context, and the pair holds one
-response id on each side, the right one and the one the policy wrote.
+(or, when none of the samples is right, the reference worked answer).
 
-Why one id: up to the parting point both sides are the same ids in the same context, so their
-log-probabilities cancel in DPO's margin, and what follows a slip is a consistent continuation
-of a wrong intermediate result that should not be pushed down. Scoring only the parting id
-makes DPO's gradient on that position's logits exactly ``onehot(right) - onehot(wrong)``
-(scaled), moving probability from the policy's mistake to the right id and nowhere else.
+What DPO scores: the whole chosen answer, and on the rejected side only the id where it
+parts from the chosen one (the first wrong step). What follows a slip is a consistent
+continuation of a wrong intermediate result, and pushing it down would teach the model to
+stop writing well-formed steps; the parting id is the mistake itself. Scoring the whole
+chosen answer keeps the preference anchored: raising the likelihood of every right step
+holds the rest of the policy in place while the wrong id is pushed below the right one (the
+shared prefix is scored on one side only, so it counts as part of the right answer).
 
 ``PreferenceCheck`` gives the share of pairs whose right id the variables already rank above
 the wrong one (DPO's reward accuracy judged by the policy itself, before and after training).
@@ -39,6 +39,7 @@ class Pair:
 
     prompt: the question's ids with the generation prompt. prefix: the response ids both
     answers share. chosen_id, rejected_id: the next id of the right and of the wrong answer.
+    chosen_rest: the right answer's ids after ``chosen_id`` (to its end id).
     question, chosen_text, rejected_text: the question and the two whole answers (reports).
     """
 
@@ -46,6 +47,7 @@ class Pair:
     prefix: tuple[int, ...]
     chosen_id: int
     rejected_id: int
+    chosen_rest: tuple[int, ...]
     question: str
     chosen_text: str
     rejected_text: str
@@ -55,15 +57,16 @@ class Pair:
         return self.prompt + self.prefix
 
     def record(self) -> str:
-        """The ``PreferencePairs`` JSON record: only the parting id is scored on each side."""
-        context = list(self.context)
-        mask = [0] * len(context) + [1]
+        """The ``PreferencePairs`` JSON record: the whole chosen answer is scored, and the
+        rejected side's parting id."""
+        prompt, prefix = list(self.prompt), list(self.prefix)
+        chosen = prefix + [self.chosen_id] + list(self.chosen_rest)
         return json.dumps(
             {
-                "chosen": context + [self.chosen_id],
-                "rejected": context + [self.rejected_id],
-                "chosen_mask": mask,
-                "rejected_mask": mask,
+                "chosen": prompt + chosen,
+                "rejected": prompt + prefix + [self.rejected_id],
+                "chosen_mask": [0] * len(prompt) + [1] * len(chosen),
+                "rejected_mask": [0] * (len(prompt) + len(prefix)) + [1],
             }
         )
 
@@ -149,6 +152,7 @@ def build_pairs(
                     prefix=tuple(chosen[:at]),
                     chosen_id=chosen[at],
                     rejected_id=rejected[at],
+                    chosen_rest=tuple(chosen[at + 1 :]),
                     question=question,
                     chosen_text=decode([i for i in chosen if i != end_id]),
                     rejected_text=decode([i for i in rejected if i != end_id]),

@@ -30,7 +30,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 
 from dew.data import Loading
 from dew.data.chat import ChatMessages
@@ -166,12 +165,13 @@ def _pair(row: dict[str, Any]) -> Pair:
     values = {k: row[k] for k in fields}
     values["prompt"] = tuple(values["prompt"])
     values["prefix"] = tuple(values["prefix"])
+    values["chosen_rest"] = tuple(values["chosen_rest"])
     return Pair(**values)
 
 
 def dpo_data(ctx: Context, pairs: list[Pair]) -> PreferencePairs:
-    """``PreferencePairs`` over ``pairs``: each side its context and one scored id."""
-    width = max(len(p.context) for p in pairs) + 1
+    """``PreferencePairs`` over ``pairs`` (see ``Pair.record`` for what is scored)."""
+    width = max(len(p.context) + 1 + len(p.chosen_rest) for p in pairs)
     return PreferencePairs(
         records=tuple(p.record() for p in pairs),
         seq_len=width,
@@ -237,12 +237,8 @@ Outcome = tuple[TrainState, dict[str, Any]]
 
 def run_sft(ctx: Context, start: Any) -> Outcome:
     s = ctx.settings
-    schedule = optax.warmup_cosine_decay_schedule(
-        0.0, s.sft_lr, max(1, s.sft_steps // 15), s.sft_steps, s.sft_lr * 0.1
-    )
-    optimizer = optax.adamw(schedule, weight_decay=0.01)
     stage = Stage("sft", sft_data(ctx), steps=s.sft_steps)
-    return _recipe(ctx, stage, optimizer, s.sft_batch, start, 0), {}
+    return _recipe(ctx, stage, s.optimizer("sft"), s.sft_batch, start, 0), {}
 
 
 def run_dpo(ctx: Context, start: Any) -> Outcome:
@@ -251,7 +247,7 @@ def run_dpo(ctx: Context, start: Any) -> Outcome:
     s = ctx.settings
     pairs = dpo_pairs(ctx, start)
     stage = Stage("dpo", dpo_data(ctx, pairs), steps=s.dpo_steps, beta=s.dpo_beta)
-    state = _recipe(ctx, stage, optax.adam(s.dpo_lr), s.dpo_batch, start, 1)
+    state = _recipe(ctx, stage, s.optimizer("dpo"), s.dpo_batch, start, 1)
     check = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0)
     extra = {
         "pairs": len(pairs),
@@ -302,7 +298,7 @@ def _grpo(
         eos_id=ctx.end_id,
         decode=ctx.tokenizer.decode,
     )
-    return _recipe(ctx, stage, optax.adam(s.grpo_lr), s.grpo_prompts, start, index)
+    return _recipe(ctx, stage, s.optimizer(name), s.grpo_prompts, start, index)
 
 
 STAGES = (("sft", run_sft), ("dpo", run_dpo), ("grpo", run_grpo))
