@@ -73,8 +73,8 @@ class Settings:
     dpo_problems: int = 1024
     dpo_samples: int = 2
     dpo_temperature: float = 1.0
-    dpo_lr: float = 1e-4
-    dpo_beta: float = 0.5
+    dpo_lr: float = 3e-5
+    dpo_beta: float = 1.0
     dpo_max_margin: float = 1.0
     grpo_prompts: int = 32
     grpo_groups: int = 8
@@ -108,7 +108,7 @@ class Settings:
         else:
             base = dict(
                 limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
-                mlp_features=256, sft_steps=1500, dpo_steps=40, grpo_steps=100,
+                mlp_features=256, sft_steps=1000, dpo_steps=40, grpo_steps=100,
             )  # fmt: skip
         base.setdefault("code_steps", cls.code_steps)
         for name in ("sft_steps", "dpo_steps", "grpo_steps", "code_steps"):
