@@ -233,16 +233,17 @@ def _run_stages(
         before = after
     plot = write_report_plot(run_dir, results)
     curves = {r["name"]: reward_curve(run_dir, r["name"]) for r in results}
-    summary = {
+    curves = {name: curve for name, curve in curves.items() if curve}
+    summary: dict[str, Any] = {
         "complete": True,
         "settings": settings.as_dict(),
         "stages": results,
-        "reward_curves": {name: curve for name, curve in curves.items() if curve},
+        "reward_curves": curves,
         "seconds": round(time.perf_counter() - t0, 2),
         "plot": os.path.basename(plot),
     }
     write_json(os.path.join(run_dir, SUMMARY), summary)
-    print(report(results, summary["reward_curves"]), flush=True)
+    print(report(results, curves), flush=True)
     print(f"summary: {os.path.join(run_dir, SUMMARY)}  plot: {plot}", flush=True)
     return summary
 
