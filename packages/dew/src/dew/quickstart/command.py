@@ -220,6 +220,10 @@ def _run_stages(
             "solved_after": after.solved,
             "held_out": after.total,
             **extra,
+            "examples_after": [
+                {"question": q, "response": r, "correct": ok}
+                for q, r, ok in list(zip(after.questions, after.responses, after.correct))[:4]
+            ],
             "changed": changed(before, after),
             "final_metrics": _last_metrics(run_dir, name),
         }
