@@ -5,7 +5,8 @@
 
 The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 350 SFT, 40 DPO and
 150 GRPO steps) is the default; ``medium`` is the same decoder with 1000 SFT and 100 GRPO
-steps, trained until held-out accuracy passes 0.9. Measured results are in the README.
+steps, meant to pass 0.9 held-out accuracy (not yet measured end to end). Measured results
+of ``small`` are in the README.
 
 What the tuning found (seed 0, on two CPU cores shared by eight agents): the worked column
 format generalises (memorised results did not). GRPO samples at a low temperature (0.3, the
