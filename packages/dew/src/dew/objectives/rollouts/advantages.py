@@ -57,9 +57,10 @@ _ragged_advantage = jax.jit(
 
 
 def _host_device() -> jax.Device | None:
-    """The CPU device when JAX has one (packing is host work), else JAX's default."""
+    """This process's CPU device when JAX has one (packing is host work), else JAX's default.
+    A local device: with several processes, ``jax.devices("cpu")[0]`` may belong to another."""
     try:
-        return jax.devices("cpu")[0]
+        return jax.local_devices(backend="cpu")[0]
     except RuntimeError:
         return None
 
