@@ -54,43 +54,34 @@ import numpy as np
 
 from dew.checks import is_integer
 from dew.objectives.rollouts.episodes.cohort import (
-    RemoteFailure,
     agree_on_config,
     agree_on_failure,
     local_variables,
     shard_count,
     task_ids,
 )
-from dew.objectives.rollouts.episodes.errors import (
-    EpisodeCancelled,
-    EpisodeFailure,
-    is_cancellation,
+from dew.objectives.rollouts.episodes.collection import (
+    abort_collection,
+    draw_slots,
+    prepare_action,
+    recover,
 )
-from dew.objectives.rollouts.episodes.journal import (
-    EpisodeJournal,
-    JournalBusy,
-    JournalMismatch,
-    attempt_header,
-    policy_digest,
-)
+from dew.objectives.rollouts.episodes.errors import EpisodeCancelled
+from dew.objectives.rollouts.episodes.journal import EpisodeJournal
 from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.objectives.rollouts.episodes.projection import project
 from dew.objectives.rollouts.episodes.protocol import (
     Action,
     EnvironmentFactory,
     Episode,
-    EpisodeId,
     EpisodeStatus,
     Record,
-    Transition,
     Verifier,
 )
 from dew.objectives.rollouts.episodes.slot import Slot
-from dew.objectives.rollouts.episodes.validation import check_action
 from dew.sampling import Sampling
 
 INERT_CONTEXT = np.zeros((1,), np.int32)
-_SEED_SALT = 0x5EED
 
 
 def _positive(value: Any, name: str, minimum: int = 1) -> int:
@@ -198,43 +189,6 @@ class EpisodeRollout:
         return clocks
 
     # ------------------------------------------------------------------ collection
-    def _slots(self, tasks: Sequence[int], step: int, key: jax.Array, origin: Any) -> list[Slot]:
-        rank, ranks = jax.process_index(), jax.process_count()
-        n = len(tasks) * self.groups
-        bits = jax.random.bits(jax.random.fold_in(key, _SEED_SALT), (n * ranks,), jnp.uint32)
-        seeds = np.asarray(jax.device_get(bits))[rank * n : (rank + 1) * n]
-        slots = []
-        for row, task in enumerate(tasks):
-            for sample in range(self.groups):
-                index = row * self.groups + sample
-                episode_id = EpisodeId(task, step, sample, int(seeds[index]))
-                slots.append(Slot(episode_id, rank * len(tasks) + row, origin, index, self.journal))
-        return slots
-
-    def _recover(
-        self,
-        slots: list[Slot],
-        tasks: Sequence[int],
-        clocks: tuple[int, int],
-        key: jax.Array,
-        variables: Any,
-    ) -> None:
-        """Open this rank's journal, check it against this attempt and restore its slots."""
-        assert self.journal is not None
-        self.journal.open(jax.process_index())
-        header = attempt_header(
-            tasks,
-            dataclasses.asdict(self.sampling),
-            [self.max_prompt_tokens, self.max_new_tokens, self.max_turns, self.groups],
-        )
-        key_hex = np.asarray(jax.device_get(jax.random.key_data(key))).tobytes().hex()
-        records = self.journal.begin(
-            clocks[0], clocks[1], header, key_hex, policy_digest(variables)
-        )
-        for slot in slots:
-            if slot.index in records:
-                slot.restore(records[slot.index])
-
     def _finish(self, slot: Slot, status: EpisodeStatus | None = None, detail: str = "") -> None:
         if status is not None:
             slot.end(status, detail)
@@ -289,7 +243,9 @@ class EpisodeRollout:
             ):
                 if on:
                     self._current = slot
-                    action = self._prepare(slot, context, generation, policy_step)
+                    action = prepare_action(
+                        slot, context, generation, policy_step, self.sampling, self.max_new_tokens
+                    )
                     if action is not None:
                         outgoing.append((slot, action))
         self._current = None
@@ -299,40 +255,6 @@ class EpisodeRollout:
                 self._current = slot
                 self._finish(slot)
         return seconds
-
-    def _prepare(
-        self, slot: Slot, context: Any, generation: Any, policy_step: int
-    ) -> Action | None:
-        """The turn of a live slot: a replayed one (nothing to send), a reused pending draw or
-        a fresh action to send, or a budget-truncated one (recorded, never sent)."""
-        eos = self.sampling.eos_ids
-        turn = slot.turns
-        replayed = slot.replayed()
-        if replayed is not None:  # completed before a crash: not sent again
-            action = dataclasses.replace(replayed.action, origin=slot.origin)
-            checked = check_action(action, eos, episode=slot.id, turn=turn)
-            slot.transitions[-1] = Transition(checked, replayed.observation)
-            return None
-        if slot.pending_action is not None:  # drawn before a crash: reused, not redrawn
-            action = dataclasses.replace(slot.pending_action, origin=slot.origin)
-            slot.pending_action = None
-            return check_action(action, eos, episode=slot.id, turn=turn)
-        action = Action(
-            context=context,
-            tokens=np.asarray(generation.ids),
-            raw_log_probs=np.asarray(generation.raw_log_probs),
-            behavior_log_probs=np.asarray(generation.behavior_log_probs),
-            terminated=bool(generation.eos),
-            policy_step=policy_step,
-            origin=slot.origin,
-        )
-        action = check_action(action, eos, episode=slot.id, turn=turn)
-        if action.terminated:
-            return action
-        slot.record_truncated(
-            action, f"response used max_new_tokens={self.max_new_tokens} without EOS"
-        )
-        return None
 
     def _concurrently(self, calls: list[tuple[Any, tuple[Any, ...], Slot]]) -> None:
         """Run environment calls on the rollout's threads; the first failure (in slot order)
@@ -389,7 +311,8 @@ class EpisodeRollout:
         self, slots: list[Slot], tasks: Sequence[int], clocks: Any, key: Any, variables: Any
     ) -> None:
         if self.journal is not None:
-            self._recover(slots, tasks, clocks, key, variables)
+            budgets = [self.max_prompt_tokens, self.max_new_tokens, self.max_turns, self.groups]
+            recover(self.journal, slots, tasks, clocks, key, variables, self.sampling, budgets)
         self._concurrently([(slot.open, (self.environment_factory,), slot) for slot in slots])
         for slot in slots:
             if not slot.running:
@@ -412,7 +335,7 @@ class EpisodeRollout:
         self._shards = shard_count(len(tasks)) if self.device_shards else 1
         self.policy.bind(local_variables(variables))
         origin = object()
-        slots = self._slots(tasks, step, key, origin)
+        slots = draw_slots(tasks, self.groups, step, key, origin, self.journal)
         bar = EpisodeProgress(len(slots), enabled=self.progress)
         timings = {"generation": 0.0}
         start = time.perf_counter()
@@ -427,7 +350,7 @@ class EpisodeRollout:
                 bar.update(done, sum(s.turns for s in slots), sum(s.tool_seconds for s in slots))
             self._phase(self._truncate_rest, slots)
         except BaseException as err:
-            self._abort(slots, self._current, err)
+            abort_collection(slots, self._current, err, self.record)
             raise AssertionError("unreachable") from err
         finally:
             bar.close()
@@ -437,34 +360,6 @@ class EpisodeRollout:
         self.last_timings = timings
         self.last_episodes = [s.episode() for s in slots]
         return self.last_episodes
-
-    def _abort(self, slots: list[Slot], current: Slot | None, err: BaseException) -> None:
-        """Release every open environment under ``err`` and raise the episode error."""
-        culprit = None if isinstance(err, RemoteFailure) else current
-        for slot in slots:
-            if slot.is_open:
-                slot.abort(err)
-        if isinstance(err, JournalMismatch | JournalBusy):
-            raise err  # a refused recovery is a configuration error, not an episode's failure
-        if isinstance(err, EpisodeFailure):
-            if self.record is not None and err.episode is not None:
-                self.record(err.episode)
-            raise err
-        if not isinstance(err, Exception) and not is_cancellation(err):
-            raise err  # KeyboardInterrupt, SystemExit: environments released, then re-raised
-        cancelled = is_cancellation(err)
-        episode = None
-        if culprit is not None:
-            culprit.end(
-                EpisodeStatus.CANCELLED if cancelled else EpisodeStatus.ERROR,
-                f"{type(err).__name__}: {err}",
-            )
-            episode = culprit.episode()
-            if self.record is not None:
-                self.record(episode)
-        kind = EpisodeCancelled if cancelled else EpisodeFailure
-        where = f"episode {culprit.id}" if culprit is not None else "collection"
-        raise kind(f"{where}: aborted by {type(err).__name__}: {err}", episode) from err
 
     def __call__(
         self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
