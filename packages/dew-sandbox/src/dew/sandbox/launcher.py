@@ -42,12 +42,19 @@ import selectors
 import signal
 import subprocess
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome, Verdict
 from dew.sandbox.runner import CancelFlag
+from dew.sandbox.sweep import (
+    MARKER_VARIABLE,
+    kill_group,
+    kill_marked,
+    kill_user,
+    live_processes_of_user,
+    marked_processes,
+)
 
 __all__ = [
     "MARKER_VARIABLE",
@@ -62,7 +69,6 @@ __all__ = [
     "spawn",
 ]
 
-MARKER_VARIABLE = "DEW_SANDBOX_JOB"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
@@ -119,111 +125,6 @@ def _make_preexec(limits: SandboxLimits, parent_pid: int, own_user: bool) -> Cal
             os.kill(os.getpid(), signal.SIGKILL)
 
     return preexec
-
-
-def _proc_entries() -> Iterator[int]:
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            yield int(name)
-
-
-def live_processes_of_user(uid: int) -> list[int]:
-    """Pids whose real uid is ``uid`` and that are not zombies (from /proc).
-
-    A first pass compares the owner of ``/proc/<pid>`` (the effective uid; the same as
-    the real one for sandboxed programs, which run with no-new-privileges), which is
-    one ``stat`` per process; only matches get their status read.
-    """
-    found = []
-    for pid in _proc_entries():
-        try:
-            if os.stat(f"/proc/{pid}").st_uid != uid:
-                continue
-            with open(f"/proc/{pid}/status", "rb") as f:
-                status = f.read()
-        except OSError:
-            continue
-        real_uid = state = None
-        for line in status.splitlines():
-            if line.startswith(b"State:"):
-                state = line.split()[1]
-            elif line.startswith(b"Uid:"):
-                real_uid = int(line.split()[1])
-                break
-        if real_uid == uid and state not in (b"Z", b"X"):
-            found.append(pid)
-    return found
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Pids of live processes whose initial environment holds ``DEW_SANDBOX_JOB=marker``."""
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    found = []
-    for pid in _proc_entries():
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read()
-        except OSError:
-            continue
-        if needle in environ.split(b"\x00"):
-            found.append(pid)
-    return found
-
-
-def kill_marked(marker: str, rounds: int = 50) -> bool:
-    """SIGKILL every process carrying ``marker``; True when none is left."""
-    for _ in range(rounds):
-        pids = marked_processes(marker)
-        if not pids:
-            return True
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)
-    return not marked_processes(marker)
-
-
-def _kill_all_as(uid: int) -> None:
-    """Fork a helper that becomes ``uid`` and sends SIGKILL to ``-1``.
-
-    ``kill(-1, SIGKILL)`` from an unprivileged process reaches every process it may
-    signal, i.e. every process of the same uid (the helper excepted), in one pass under
-    the kernel's task-list lock, so a forking program cannot outrun it. Linux returns 0
-    whenever any other process exists, so the caller checks /proc for survivors.
-    """
-    with warnings.catch_warnings():
-        # Python 3.12+ warns about fork() in a threaded process; the child below makes
-        # four system calls and exits, touching no lock another thread could hold.
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - child; only plain system calls
-        code = 0
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        except BaseException:
-            code = 1
-        os._exit(code)
-    os.waitpid(pid, 0)
-
-
-def kill_user(uid: int, timeout: float = 5.0) -> bool:
-    """Kill every live process of ``uid`` (needs root); True when none is left.
-
-    Zombies are not counted: they hold no resources and go when their parent reaps them.
-    """
-    end = time.monotonic() + timeout
-    # /proc lists pids in increasing order and a child gets a higher pid than its
-    # parent, so a scan that finds nothing saw every process (short of pid wrap-around).
-    # Most programs leave nothing, and then no helper is forked.
-    while live_processes_of_user(uid):
-        _kill_all_as(uid)
-        if time.monotonic() > end:
-            return not live_processes_of_user(uid)
-        time.sleep(0.002)
-    return True
 
 
 def _pidfd(pid: int) -> int | None:
@@ -303,7 +204,7 @@ def reap(
     uid, every process carrying ``marker``) is killed. Sets ``proc.returncode`` and
     returns the leader's resource usage.
     """
-    _kill_group(proc.pid)
+    kill_group(proc.pid)
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     if uid is not None:
@@ -440,7 +341,7 @@ def launch(
                     break
             # Whatever ended the loop, the whole group goes now (the leader is still
             # unreaped, so the group id cannot have been reused).
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             # Drain what the program wrote before it ended. A process that escaped the
             # group kill could hold a pipe open: once the pipes go quiet, sweep the
             # sandbox uid (or the marked processes), then wait a bounded time.
@@ -472,11 +373,6 @@ def launch(
     cpu_used = usage.ru_utime + usage.ru_stime
     verdict = _verdict(code, timed_out, capture.over_cap, cpu_used, limits)
     return Outcome(verdict, code, bytes(out[out_fd]), bytes(out[err_fd]), seconds)
-
-
-def _kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _verdict(
