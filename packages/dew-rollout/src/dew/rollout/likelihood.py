@@ -34,8 +34,8 @@ def filters_of(sampling: Sampling) -> list[str]:
     return found
 
 
-def check_completions(sampling: Sampling, provider: str, processed_logprobs: bool) -> None:
-    """Refuse a `sampling` whose likelihood `provider`'s completions route misreports."""
+def _check_sampling(sampling: Sampling, engine: str) -> None:
+    """What every route refuses: a non-`Sampling`, and a softcap (no `engine` applies one)."""
     if not isinstance(sampling, Sampling):
         raise TypeError(
             f"sampling: expected a dew.sampling.Sampling, got {type(sampling).__name__}"
@@ -43,8 +43,13 @@ def check_completions(sampling: Sampling, provider: str, processed_logprobs: boo
     if sampling.softcap is not None:
         raise SamplingRefused(
             f"sampling.softcap: {sampling.softcap} is applied by Dew's sampler only; "
-            f"{provider} has no such control"
+            f"{engine} has no such control"
         )
+
+
+def check_completions(sampling: Sampling, provider: str, processed_logprobs: bool) -> None:
+    """Refuse a `sampling` whose likelihood `provider`'s completions route misreports."""
+    _check_sampling(sampling, provider)
     filters = filters_of(sampling)
     if provider == "vllm":
         if filters:
@@ -70,15 +75,7 @@ def check_completions(sampling: Sampling, provider: str, processed_logprobs: boo
 
 def check_token_route(sampling: Sampling) -> None:
     """Refuse a `sampling` that vLLM's token route cannot return a sampling mask for."""
-    if not isinstance(sampling, Sampling):
-        raise TypeError(
-            f"sampling: expected a dew.sampling.Sampling, got {type(sampling).__name__}"
-        )
-    if sampling.softcap is not None:
-        raise SamplingRefused(
-            f"sampling.softcap: {sampling.softcap} is applied by Dew's sampler only; vLLM has no "
-            "such control"
-        )
+    _check_sampling(sampling, "vLLM")
     if sampling.greedy or sampling.top_k is None:
         raise SamplingRefused(
             f"sampling.top_k: expected a finite top-k (vLLM builds the sampling mask only under "
