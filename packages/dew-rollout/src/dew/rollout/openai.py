@@ -29,7 +29,7 @@ from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
 from dew.rollout.http import field, post_json
 from dew.rollout.likelihood import check_completions
-from dew.rollout.remote import RemoteServer, Weights, decode_npy, float_list, int_list
+from dew.rollout.remote import RemoteServer, Weights, choice_ending, float_list, int_list
 from dew.sampling import Sampling
 
 PROVIDERS = ("vllm", "sglang")
@@ -146,17 +146,13 @@ class OpenAIRolloutServer(RemoteServer):
             raise MalformedResponse(
                 f"the engine returned {ids.shape[0]} tokens for max_tokens={max_new_tokens}", url
             )
-        finish = choice.get("finish_reason")
-        eos = finish == "stop" and int(ids[-1]) in self.sampling.eos_ids
-        routed = None
-        if self.routing:
-            routed = decode_npy(choice.get("routed_experts"), url, "routed_experts")
+        eos, routed = choice_ending(choice, ids, self.sampling.eos_ids, self.routing, url)
         return Draw(
             prompt_ids=prompt,
             ids=ids,
             behavior_log_probs=behavior,
             raw_log_probs=None,
-            eos=bool(eos),
+            eos=eos,
             version=version,
             routed_experts=routed,
         )

@@ -103,6 +103,17 @@ def decode_npy(text: Any, url: str, name: str) -> np.ndarray:
         raise MalformedResponse(f"{name}: not a base64 .npy array ({error})", url) from error
 
 
+def choice_ending(
+    choice: Any, ids: np.ndarray, eos_ids: Sequence[int], routing: bool, url: str
+) -> tuple[bool, np.ndarray | None]:
+    """A completion choice's end and routing: EOS when it stopped (``finish_reason`` "stop")
+    on an id of ``eos_ids``, and its decoded ``routed_experts`` when ``routing`` is on."""
+    finish = choice.get("finish_reason")
+    eos = finish == "stop" and int(ids[-1]) in eos_ids
+    routed = decode_npy(choice.get("routed_experts"), url, "routed_experts") if routing else None
+    return bool(eos), routed
+
+
 def float_list(values: Any, url: str, name: str, n: int) -> np.ndarray:
     """`values` as float32 `[n]`, refusing a wrong length, a null or a non-number by name."""
     if not isinstance(values, list) or len(values) != n:

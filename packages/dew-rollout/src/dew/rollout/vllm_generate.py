@@ -25,7 +25,7 @@ from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
 from dew.rollout.http import field, post_json
 from dew.rollout.likelihood import check_token_route
-from dew.rollout.remote import RemoteServer, Weights, decode_npy, float_list, int_list
+from dew.rollout.remote import RemoteServer, Weights, choice_ending, float_list, int_list
 from dew.sampling import Sampling
 
 ROUTE = "/inference/v1/generate"
@@ -106,19 +106,13 @@ class VLLMGenerateServer(RemoteServer):
                 url,
             )
         support = self._support(mask, ids, url)
-        finish = choice.get("finish_reason")
-        eos = finish == "stop" and int(ids[-1]) in self.sampling.eos_ids
-        routed = (
-            decode_npy(choice.get("routed_experts"), url, "routed_experts")
-            if self.routing
-            else None
-        )
+        eos, routed = choice_ending(choice, ids, self.sampling.eos_ids, self.routing, url)
         return Draw(
             prompt_ids=prompt,
             ids=ids,
             behavior_log_probs=behavior,
             raw_log_probs=None,
-            eos=bool(eos),
+            eos=eos,
             version=version,
             support=support,
             routed_experts=routed,
