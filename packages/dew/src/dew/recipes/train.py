@@ -94,15 +94,21 @@ def _sft_data(config: TrainConfig) -> tuple[Any, int, int]:
     return spec.load(config.run.batch), tokenizer.tokenizer.get_vocab_size(), d.seq_len + 1
 
 
+def _train_and_val(loader: Any, config: TrainConfig, **options: Any) -> tuple[Any, Any]:
+    """``loader`` over ``data.path`` and, when set, ``data.val_path`` (else None), each with
+    the run's seed and, when set, ``data.tokenizer``."""
+    d = config.data
+    options["seed"] = config.run.seed
+    if d.tokenizer is not None:
+        options["tokenizer"] = d.tokenizer
+    return loader(d.path, **options), (loader(d.val_path, **options) if d.val_path else None)
+
+
 def _dpo_data(config: TrainConfig) -> tuple[Any, int, int]:
     from dew.data.preference import PreferencePairs
 
     d = config.data
-    options: dict[str, Any] = {"seq_len": d.seq_len, "seed": config.run.seed}
-    if d.tokenizer is not None:
-        options["tokenizer"] = d.tokenizer
-    pairs = PreferencePairs(d.path, **options)
-    val = PreferencePairs(d.val_path, **options) if d.val_path else None
+    pairs, val = _train_and_val(PreferencePairs, config, seq_len=d.seq_len)
     vocab = _vocab(config, pairs, _max_id(pairs.arrays["input_ids"]))
     return pairs.load(config.run.batch, val=val), vocab, d.seq_len
 
@@ -111,11 +117,7 @@ def _grpo_data(config: TrainConfig) -> tuple[Any, int, int]:
     from dew.data.prompts import Prompts
 
     d = config.data
-    options: dict[str, Any] = {"max_prompt_len": d.max_prompt_len, "seed": config.run.seed}
-    if d.tokenizer is not None:
-        options["tokenizer"] = d.tokenizer
-    prompts = Prompts(d.path, **options)
-    val = Prompts(d.val_path, **options) if d.val_path else None
+    prompts, val = _train_and_val(Prompts, config, max_prompt_len=d.max_prompt_len)
     largest = _max_id(prompts.arrays["prompt"])
     if d.tokenizer is None and config.model.vocab_size is None and config.model.pretrained is None:
         raise ConfigError(
