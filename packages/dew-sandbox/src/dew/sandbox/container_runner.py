@@ -279,6 +279,8 @@ class ContainerRunner:
             deadline = started + limits.deadline_seconds
             timed_out = cancelled = False
             status: int | None = None
+            # Same deadline/cancel checks as launcher.launch's loop, kept inline: this one waits
+            # on the engine and a reader thread, that one on a selector over pipes and a pidfd.
             while status is None:
                 now = time.monotonic()
                 if now >= deadline:
