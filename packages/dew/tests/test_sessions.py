@@ -459,3 +459,40 @@ def test_session_metrics():
 def test_task_record():
     task = Task(id="gsm8k-1", data={"question": "1+1"})
     assert task.id == "gsm8k-1" and task.data["question"] == "1+1"
+
+
+# ---------------------------------------------------------------- session source protocol
+
+
+def test_session_source_protocol_is_reexported_and_checks_structure():
+    from concurrent.futures import Future
+
+    from dew.objectives.rl.sessions import SessionSource
+    from dew.objectives.rollouts import SessionSource as direct
+
+    class Echo:
+        """Answers each task at once with one completed session rewarded by its seed."""
+
+        def __init__(self):
+            self.cancelled = []
+
+        def submit(self, task, *, seed):
+            future = Future()
+            future.set_result(Session(task=task.id, reward=float(seed)))
+            return future
+
+        def cancel(self, future):
+            self.cancelled.append(future)
+
+    class NoCancel:
+        def submit(self, task, *, seed):
+            raise AssertionError("never called")
+
+    assert SessionSource is direct
+    source = Echo()
+    assert isinstance(source, SessionSource)
+    assert not isinstance(NoCancel(), SessionSource)
+    future = source.submit(Task("a", data={"prompt": [1]}), seed=7)
+    assert future.result().reward == 7.0 and future.result().task == "a"
+    source.cancel(future)
+    assert source.cancelled == [future]

@@ -1,6 +1,8 @@
 """Rollout machinery that runs inside the trainer, apart from the losses (host side).
 
 - ``records``: ``Call``, ``Session``, ``Status``, ``Task`` and their validation.
+- ``source``: ``SessionSource``, the protocol of anything that turns a ``Task`` into a future
+  ``Session`` (``submit(task, seed=)``, ``cancel(future)``).
 - ``chains``: which sessions train and how a session's calls join into chains.
 - ``advantages``: group-relative advantages of session rewards (``group_advantages``).
 - ``packing``: ``pack`` (sessions -> one ``[rows, width]`` GRPO batch), ``rows_needed``,
@@ -24,6 +26,7 @@ _NAMES: dict[str, str] = {
     "Session": "records",
     "Status": "records",
     "Task": "records",
+    "SessionSource": "source",
     "TRUNCATIONS": "chains",
     "ESTIMATORS": "advantages",
     "GROUP_EPSILON": "advantages",
