@@ -19,6 +19,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 from rollout_engine import VLLMEngine, tiny_pretrained, vllm_python  # noqa: E402
 from rollout_fakes import FakeSGLang, FakeVLLM  # noqa: E402
+from rollout_tiny import Tiny, build_tiny  # noqa: E402
 
 from dew.models import Pretrained  # noqa: E402
 from dew.rollout import SafetensorsReload  # noqa: E402
@@ -27,6 +28,12 @@ from dew.rollout import SafetensorsReload  # noqa: E402
 @pytest.fixture(scope="session")
 def pretrained() -> Pretrained:
     return tiny_pretrained()
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Tiny:
+    """The tiny decoder and its served cores (rollout_tiny.py), built once."""
+    return build_tiny()
 
 
 @pytest.fixture

@@ -137,6 +137,15 @@ def test_program_error_frees_slots_and_server_recovers(pretrained):
     assert server.run()[c].ids.shape == (4,)
 
 
+def test_cancel_before_admission_still_calls_back(greedy_server):
+    seen = []
+    a = greedy_server.submit([1, 2, 3], 5, callback=seen.append)
+    assert greedy_server.cancel(a)
+    done = greedy_server.run()
+    assert done[a].finish_reason == "cancelled" and len(done[a].ids) == 0
+    assert [(x.request_id, x.finish_reason) for x in seen] == [(a, "cancelled")]
+
+
 def test_cancel_and_callbacks(greedy_server):
     seen = []
     a = greedy_server.submit([1, 2, 3], 20, callback=seen.append)

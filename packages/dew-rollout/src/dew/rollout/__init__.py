@@ -31,12 +31,14 @@ from dew.rollout.openai import OpenAICompletion, OpenAIRolloutServer
 from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.remote import NoPublisher
+from dew.rollout.sources import EnvironmentSource, PromptSource, prompt_task
 from dew.rollout.vllm_generate import VLLMGenerateServer
 
 __all__ = [
     "CtypesNCCL",
     "Draw",
     "EngineError",
+    "EnvironmentSource",
     "EngineHTTPError",
     "EngineRefused",
     "EngineTimeout",
@@ -49,6 +51,7 @@ __all__ = [
     "NoPublisher",
     "OpenAICompletion",
     "OpenAIRolloutServer",
+    "PromptSource",
     "Publication",
     "PushFailed",
     "RolloutServer",
@@ -56,4 +59,5 @@ __all__ = [
     "SamplingRefused",
     "ServerClosed",
     "VLLMGenerateServer",
+    "prompt_task",
 ]

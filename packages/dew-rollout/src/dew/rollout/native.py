@@ -1,6 +1,8 @@
 """`NativeRolloutServer`: Dew's continuous-batching `Server` behind the `RolloutServer`
 interface, stepped by one background thread.
 
+`cancel(future)` stops a pending draw between two rounds and frees its slot.
+
 The thread runs `Server.step()` while requests are pending and sleeps on a condition
 otherwise. `load(variables, version)` hands the tree to `Server.reload`, which takes the
 server's lock, so the swap lands between two scheduling rounds: requests already decoding
@@ -45,6 +47,7 @@ class NativeRolloutServer:
         self._wake = threading.Condition()
         self._closed = False
         self._futures: dict[int, Future[Draw]] = {}
+        self._requests: dict[int, int] = {}  # id(future) -> request id, while pending
         self._thread = threading.Thread(target=self._loop, name="dew-native-rollout", daemon=True)
         self._thread.start()
 
@@ -68,8 +71,20 @@ class NativeRolloutServer:
                 raise ServerClosed("submit: the rollout server is closed")
             request_id = self.server.submit(prompt, budget, seed=seed, callback=self._done)
             self._futures[request_id] = future
+            self._requests[id(future)] = request_id
             self._wake.notify()
         return future
+
+    def cancel(self, future: Future[Draw]) -> bool:
+        """Stop the request behind `future` at the next round boundary (its slot frees and
+        the future raises `CancelledError`); False when it already finished or is unknown."""
+        with self._wake:
+            request_id = self._requests.get(id(future))
+            if request_id is None or self._futures.get(request_id) is not future:
+                return False
+            cancelled = self.server.cancel(request_id)
+            self._wake.notify()
+        return cancelled
 
     def load(self, variables: Any, version: int) -> None:
         """Serve `variables` as `version` from the next scheduling round on."""
@@ -86,6 +101,7 @@ class NativeRolloutServer:
         self._thread.join()
         with self._wake:
             pending, self._futures = self._futures, {}
+            self._requests = {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(ServerClosed("the rollout server closed before this draw"))
@@ -110,6 +126,8 @@ class NativeRolloutServer:
     def _done(self, completion: Completion) -> None:
         with self._wake:
             future = self._futures.pop(completion.request_id, None)
+            if future is not None:
+                self._requests.pop(id(future), None)
         if future is None:
             return
         if completion.finish_reason == "error":

@@ -397,6 +397,9 @@ class Server(CompileStats):
         kept: collections.deque[Request] = collections.deque()
         for request in self._waiting:
             if request.cancelled:
+                # never admitted, so its callback is not registered yet
+                if request.callback is not None:
+                    self._callbacks[request.request_id] = request.callback
                 finished.append(self._completion(request, "cancelled"))
             else:
                 kept.append(request)
