@@ -76,6 +76,11 @@ def test_rounds_interleave_with_rotating_order_and_take_medians():
     assert out == {"a": [1.0] * 3, "b": [3.0] * 3, "c": [2.0] * 3}
 
 
+def test_a_contender_may_report_several_series():
+    out = rounds.run_rounds({"ckpt": lambda: {"save": [1.0, 3.0], "restore": 2.0}}, 3)
+    assert out == {"ckpt save": [2.0] * 3, "ckpt restore": [2.0] * 3}
+
+
 def test_rounds_refuse_fewer_than_three():
     with pytest.raises(ValueError, match="rounds: expected at least 3, got 2"):
         rounds.run_rounds({"a": lambda: 1.0}, 2)

@@ -136,30 +136,44 @@ def ratio(
     return Ratio(label, value, low, high, goal, verdict(low, high, goal))
 
 
+Value = float | Sequence[float]
+
+
+def _value(got: Value) -> float:
+    return float(got) if isinstance(got, int | float) else statistics.median(got)
+
+
 def run_rounds(
-    contenders: Mapping[str, Callable[[], float | Sequence[float]]],
+    contenders: Mapping[str, Callable[[], Value | Mapping[str, Value]]],
     rounds: int,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, list[float]]:
     """Call every contender once per round, the order rotating by one each round.
 
     A contender returns its measured value (seconds, or a list of repeats whose median is
-    the round's value). Returns one value per round per contender.
+    the round's value), or a mapping of such values: then each key is its own series, named
+    ``"<contender> <key>"`` (a step's phases, a save and a restore). Returns one value per
+    round per series.
     """
     if rounds < MIN_ROUNDS:
         raise ValueError(f"rounds: expected at least {MIN_ROUNDS}, got {rounds}")
     if not contenders:
         raise ValueError("contenders: expected at least one, got none")
     names = list(contenders)
-    out: dict[str, list[float]] = {name: [] for name in names}
+    out: dict[str, list[float]] = {}
     for r in range(rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             got = contenders[name]()
-            value = float(got) if isinstance(got, int | float) else statistics.median(got)
-            out[name].append(value)
-            if log is not None:
-                log(f"round {r + 1}/{rounds} {name}: {value:.6g}")
+            values = (
+                {f"{name} {k}": _value(v) for k, v in got.items()}
+                if isinstance(got, Mapping)
+                else {name: _value(got)}
+            )
+            for series, value in values.items():
+                out.setdefault(series, []).append(value)
+                if log is not None:
+                    log(f"round {r + 1}/{rounds} {series}: {value:.6g}")
     return out
 
 
@@ -297,7 +311,7 @@ class Bench:
 
     def rounds(
         self,
-        contenders: Mapping[str, Callable[[], float | Sequence[float]]],
+        contenders: Mapping[str, Callable[[], Value | Mapping[str, Value]]],
         rounds: int,
         group: str = "main",
         verbose: bool = True,

@@ -9,26 +9,26 @@ simulated CPU devices with the state FSDP-sharded the way ``Trainer(fsdp=True)``
 parameters (float32) plus Adam's two moments, so a 100M-parameter state is about 1.2 GB. A
 round saves the state, then restores it onto the same shardings, and reports the wall time
 of each and the process's peak resident memory above what it held before saving (Linux
-``ru_maxrss``). Printed per contender: median and min-max of each quantity over the rounds,
-then the ratio of medians (dew / orbax; above 1 means orbax is faster or lighter). A JSON
-record goes to ``tools/bench/results/checkpoint.json`` with the CPU model, core count, load
-average before and after, and the flags. This machine is shared by several agents running
-tests at the same time: times carry that noise; read the spread before the ratio.
+``ru_maxrss``). Rounds come from tools/bench/_rounds.py (order rotating each round, both
+contenders pinned to the same CPUs). Printed per contender: median and min-max of each
+quantity over the rounds, then the ratio of medians orbax / dew (above 1: Dew faster or
+lighter) with its per-round spread. A JSON record goes to
+``tools/bench/results/checkpoint.json`` (CPU model and flags, core count, load average before
+and after). This machine is shared by several agents running tests at the same time: times
+carry that noise; read the spread before the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import Bench, add_arguments  # noqa: E402
 
 WORKER = r"""
 import json, os, resource, sys, time
@@ -94,70 +94,38 @@ print(json.dumps({"save_s": save_s, "restore_s": restore_s,
 """
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser, rounds=3)
     parser.add_argument("--params", type=int, default=100_000_000)
-    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    load_before = os.getloadavg()
-    results: dict[str, list[dict]] = {"dew": [], "orbax": []}
-    for round_ in range(args.rounds):
-        for contender in ("dew", "orbax"):
+    bench = Bench("checkpoint", args.cpus, args.threads)
+    info: dict = {}
+
+    def contender(name: str):
+        def call() -> dict[str, float]:
             with tempfile.TemporaryDirectory() as d:
-                out = subprocess.run([sys.executable, "-c", WORKER, contender, d, str(args.params)],
+                out = subprocess.run([sys.executable, "-c", WORKER, name, d, str(args.params)],
                                      capture_output=True, text=True, check=False)  # fmt: skip
             if out.returncode:
-                sys.exit(f"{contender} round {round_}: failed\n{out.stderr[-3000:]}")
+                sys.exit(f"{name}: failed\n{out.stderr[-3000:]}")
             record = json.loads(out.stdout.strip().splitlines()[-1])
-            results[contender].append(record)
-            print(f"round {round_} {contender}: {record}", flush=True)
-    summary: dict[str, dict] = {}
-    for contender, rows in results.items():
-        summary[contender] = {}
-        for key in ("save_s", "restore_s", "save_extra_bytes", "total_extra_bytes"):
-            values = [r[key] for r in rows]
-            summary[contender][key] = {"median": statistics.median(values), "min": min(values),
-                                       "max": max(values)}  # fmt: skip
-    print(
-        f"state: {results['dew'][0]['state_bytes'] / 1e9:.2f} GB over "
-        f"{results['dew'][0]['devices']} devices, {args.rounds} rounds"
-    )
+            info.update(state_bytes=record.pop("state_bytes"), devices=record.pop("devices"))
+            return record
+
+        return call
+
+    times = bench.rounds({"dew": contender("dew"), "orbax": contender("orbax")}, args.rounds)
+    bench.say(f"state: {info['state_bytes'] / 1e9:.2f} GB over {info['devices']} devices, "
+              f"{args.rounds} rounds, each contender in a fresh process per round")  # fmt: skip
     for key in ("save_s", "restore_s", "save_extra_bytes", "total_extra_bytes"):
-        d, o = summary["dew"][key], summary["orbax"][key]
-        scale, unit = (1e9, "GB") if "bytes" in key else (1, "s")
-        print(
-            f"{key:18s} dew {d['median'] / scale:7.2f} {unit} ({d['min'] / scale:.2f}-"
-            f"{d['max'] / scale:.2f})  orbax {o['median'] / scale:7.2f} {unit} "
-            f"({o['min'] / scale:.2f}-{o['max'] / scale:.2f})  dew/orbax "
-            f"{d['median'] / max(o['median'], 1e-12):.2f}"
-        )
-    record = {
-        "bench": "checkpoint",
-        "params": args.params,
-        "rounds": args.rounds,
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "load_before": load_before,
-        "load_after": os.getloadavg(),
-        "flags": {"xla_force_host_platform_device_count": 4},
-        "shared_machine": "8 agents share 2 cores; timings include their load",
-        "summary": summary,
-        "rounds_raw": results,
-    }
-    out_dir = ROOT / "tools" / "bench" / "results"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "checkpoint.json").write_text(json.dumps(record, indent=1))
-    print(f"record: {out_dir / 'checkpoint.json'}")
+        scale, unit = (1e-9, " GB") if "bytes" in key else (1.0, " s")
+        for name in ("dew", "orbax"):
+            bench.show(f"{name} {key}", times[f"{name} {key}"], scale, unit, 2)
+        bench.compare(f"{key} orbax / dew (above 1: dew faster or lighter)",
+                      times[f"orbax {key}"], times[f"dew {key}"])  # fmt: skip
+    bench.finish({"params": args.params, "flags": {"xla_force_host_platform_device_count": 4},
+                  **info})  # fmt: skip
 
 
 if __name__ == "__main__":
