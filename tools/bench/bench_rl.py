@@ -13,41 +13,40 @@ policy log-probabilities, float32 [B, T] inputs. Implementations, on the same in
 - ``verl``: verl's compute_policy_loss_vanilla + kl_penalty(k3) + agg_loss with autograd, in
   eager torch, in a worker process under the reference venv (tools/reference_env.sh).
 
-The runs are interleaved in rounds (verl, the copy, each jax implementation, again) so that
-load from other processes on the machine falls on all of them alike; the median and the
-minimum over all runs are printed, with the ratios verl / jax of the medians and of the
-minima, and the median process CPU time of a step (on a loaded machine the long verl steps
-are interrupted more often than the short jax ones, which inflates the wall-clock ratio; CPU
-time does not count the time a process waits for a core, so with ``--cpus 0`` pinning both
-sides to one core the CPU-time ratio is the one load does not move). The same rounds
-measure the bandwidth of a large array copy (read + write bytes per second); the memory floor
-of a step is the bytes it must move (read four float32 inputs and the bool mask, write the
-float32 gradient: 21 bytes a token) over that bandwidth, and "floor fraction" is that floor
-over the measured time (1.0 would be at the floor; above 1 means the working set sat in a
-cache, which the copy is sized to miss).
+The runs are interleaved in rounds by tools/bench/_rounds.py (verl, each jax implementation
+and the copy that measures the memory floor, the order rotating each round), both sides
+pinned to the same CPUs with the same thread count; a round's value is the median of
+``--repeats`` runs. Printed per contender: median and spread (min-max) of wall-clock and
+process CPU time; ratios of medians verl / jax with the spread of the per-round ratios (CPU
+time does not count the time a process waits for a core, so on a loaded machine it is the
+ratio load moves least). The memory floor of a step is the bytes it must move (read four
+float32 inputs and the bool mask, write the float32 gradient: 21 bytes a token) over the
+same round's copy bandwidth (a 256 MiB copy, read + write), and "floor fraction" is that
+floor over the step's time (goal >= 0.5 at [256, 2048]); the library path is compared with
+the hand-fused one (goal: within 10%). Record: tools/bench/results/rl.json.
 
 Usage: .venv/bin/python tools/bench/bench_rl.py [--rounds 5] [--repeats 20]
-       [--sizes 32x512,256x2048] [--torch-threads N] [--cpus 0]
+       [--sizes 32x512,256x2048] [--threads N] [--cpus 0]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax  # noqa: E402  (imported after the harness module; Bench sets the flags before use)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from _rounds import Bench, Worker, add_arguments, reference_python  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+GOAL_FLOOR, GOAL_FUSED = 0.5, 0.9
 CLIP_LOW, CLIP_HIGH, CLIP_C, KL_COEF = 0.2, 0.28, 3.0, 0.04
 BYTES_PER_TOKEN = 4 * 4 + 1 + 4  # read lp, old, ref, adv (f32) and mask (bool); write grad
 ARG_ORDER = ("log_prob", "old_log_prob", "ref_log_prob", "advantages", "response_mask")
@@ -135,7 +134,7 @@ def copy_seconds(src: np.ndarray, dst: np.ndarray, repeats: int) -> list[float]:
     return times
 
 
-def time_calls(fn: Callable, args: tuple, repeats: int) -> tuple[list[float], list[float]]:
+def time_calls(fn: Callable, args: tuple, repeats: int) -> dict[str, list[float]]:
     """Wall-clock and process CPU seconds of ``repeats`` calls."""
     times, cpu = [], []
     for _ in range(repeats):
@@ -143,63 +142,16 @@ def time_calls(fn: Callable, args: tuple, repeats: int) -> tuple[list[float], li
         jax.block_until_ready(fn(*args))
         cpu.append(time.process_time() - start_cpu)
         times.append(time.perf_counter() - start)
-    return times, cpu
-
-
-class VerlWorker:
-    """verl_grpo_step.py in the reference venv, spoken to over JSON lines."""
-
-    def __init__(self, threads: int) -> None:
-        python = subprocess.run(
-            ["bash", str(ROOT / "tools" / "reference_env.sh")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.splitlines()[-1]
-        script = str(Path(__file__).with_name("verl_grpo_step.py"))
-        self.proc = subprocess.Popen(
-            [python, script, str(threads)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self.info = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"verl worker exited with {self.proc.wait()}")
-        return json.loads(line)
-
-    def ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    return {"wall": times, "cpu": cpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    add_arguments(parser, rounds=5)
     parser.add_argument("--repeats", type=int, default=20, help="runs per round")
     parser.add_argument("--sizes", default="32x512,256x2048")
-    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
-    parser.add_argument(
-        "--cpus",
-        default="",
-        help="pin this process and the verl worker to these CPUs (e.g. 0), before jax starts "
-        "its thread pool, so both sides get the same cores",
-    )
     args = parser.parse_args()
-    if args.cpus:
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+    bench = Bench("rl", args.cpus, args.threads)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
     src = np.ones(64 * 2**20, dtype=np.float32)  # 256 MiB: far past any cache here
@@ -210,15 +162,14 @@ def main() -> None:
         "dew+remat": jax.jit(jax.value_and_grad(jax.checkpoint(dew_loss))),
         "fused": jax.jit(fused_value_and_grad),
     }
-    worker = VerlWorker(args.torch_threads)
-    print(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}, "
-        f"{len(os.sched_getaffinity(0))} of {os.cpu_count()} CPUs; "
-        f"verl worker torch {worker.info['torch']} with {worker.info['threads']} threads; "
-        f"{args.rounds} rounds x {args.repeats} runs, interleaved"
+    script = str(Path(__file__).with_name("verl_grpo_step.py"))
+    worker = Worker([reference_python(), script, str(bench.threads)])
+    bench.say(
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; verl worker torch "
+        f"{worker.info['torch']} with {worker.info['threads']} threads; {args.rounds} rounds x "
+        f"{args.repeats} runs, interleaved; a round's value is the median of its runs"
     )
-    summary: list[dict[str, Any]] = []
-    copy_times: list[float] = []
+    checks_all = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for b, t in sizes:
@@ -226,7 +177,7 @@ def main() -> None:
                 path = os.path.join(tmp, f"inputs_{b}x{t}.npz")
                 np.savez(path, **inputs, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
                          clip_c=CLIP_C, kl_coef=KL_COEF)  # fmt: skip
-                checks = {"verl": worker.ask({"load": path})}
+                checks = {"verl": worker.ask(load=path)}
                 jargs = tuple(jax.device_put(inputs[k]) for k in ARG_ORDER)
                 for name, fn in impls.items():
                     loss, grad = jax.block_until_ready(fn(*jargs))  # compile and warm up
@@ -235,48 +186,45 @@ def main() -> None:
                         "loss": float(loss),
                         "grad_abs_sum": float(jnp.sum(jnp.abs(grad))),
                     }
-                times: dict[str, list[float]] = {name: [] for name in ("verl", *impls)}
-                cpu: dict[str, list[float]] = {name: [] for name in times}
-                for _ in range(args.rounds):
-                    got = worker.ask({"time": args.repeats})
-                    times["verl"] += got["times_s"]
-                    cpu["verl"] += got["cpu_s"]
-                    copy_times += copy_seconds(src, dst, max(3, args.repeats // 5))
-                    for name, fn in impls.items():
-                        wall, used = time_calls(fn, jargs, args.repeats)
-                        times[name] += wall
-                        cpu[name] += used
-                bandwidth = 2 * src.nbytes / statistics.median(copy_times)
-                floor = b * t * BYTES_PER_TOKEN / bandwidth
-                print(
-                    f"\n[{b}, {t}] float32, {b * t} tokens, {b * t * BYTES_PER_TOKEN / 2**20:.1f}"
-                    f" MiB to move; copy bandwidth {bandwidth / 1e9:.1f} GB/s -> floor "
-                    f"{floor * 1e6:.0f} us"
-                )
-                verl_median = statistics.median(times["verl"])
-                verl_min = min(times["verl"])
-                verl_cpu = statistics.median(cpu["verl"])
-                row: dict[str, Any] = {"shape": [b, t], "floor_s": floor}
-                for name, ts in times.items():
-                    med, best = statistics.median(ts), min(ts)
-                    med_cpu = statistics.median(cpu[name])
-                    print(
-                        f"  {name:9s} wall median {med * 1e3:8.3f} ms (min {best * 1e3:7.3f}) "
-                        f"cpu median {med_cpu * 1e3:8.3f} ms | "
-                        f"verl/this: wall {verl_median / med:6.1f}x"
-                        f" (minima {verl_min / best:6.1f}x, cpu {verl_cpu / med_cpu:6.1f}x) | "
-                        f"floor fraction {floor / med:5.3f} (min {floor / best:5.3f})"
+                moved = b * t * BYTES_PER_TOKEN
+
+                def floor(moved: int = moved) -> float:  # the bytes at this round's bandwidth
+                    copies = copy_seconds(src, dst, max(3, args.repeats // 5))
+                    return moved / (2 * src.nbytes / statistics.median(copies))
+
+                def verl() -> dict[str, list[float]]:
+                    got = worker.ask(time=args.repeats)
+                    return {"wall": got["times_s"], "cpu": got["cpu_s"]}
+
+                contenders: dict[str, Callable] = {"verl": verl, "floor": floor}
+                for name, fn in impls.items():
+                    contenders[name] = lambda fn=fn, a=jargs: time_calls(fn, a, args.repeats)
+                times = bench.rounds(contenders, args.rounds, group=f"{b}x{t}", verbose=False)
+                bench.say(f"\n[{b}, {t}] float32, {b * t} tokens, {moved / 2**20:.1f} MiB to move")
+                bench.show("memory floor (copy bandwidth)", times["floor"], 1e6, " us", 0)
+                for name in ("verl", *impls):
+                    bench.show(f"{name} wall", times[f"{name} wall"], 1e6, " us", 0)
+                    bench.show(f"{name} cpu", times[f"{name} cpu"], 1e6, " us", 0)
+                for name in impls:
+                    bench.compare(
+                        f"verl / {name} (wall)", times["verl wall"], times[f"{name} wall"]
                     )
-                    row[name] = {"median_s": med, "min_s": best, "cpu_median_s": med_cpu}
+                    bench.compare(f"verl / {name} (cpu time)", times["verl cpu"],
+                                  times[f"{name} cpu"])  # fmt: skip
+                    goal = GOAL_FLOOR if (b, t) == (256, 2048) else None
+                    bench.compare(f"{name} floor fraction (floor / time)", times["floor"],
+                                  times[f"{name} wall"], goal)  # fmt: skip
+                bench.compare("library path vs hand-fused (fused / dew.rl time)",
+                              times["fused wall"], times["dew.rl wall"], GOAL_FUSED)  # fmt: skip
                 for name, check in checks.items():
-                    print(
+                    bench.say(
                         f"  check {name:9s} loss {check['loss']:+.7f} "
                         f"|grad|_1 {check['grad_abs_sum']:.6f}"
                     )
-                summary.append(row)
+                checks_all[f"{b}x{t}"] = checks
     finally:
         worker.close()
-    print("\n" + json.dumps({"rows": summary}))
+    bench.finish({"args": vars(args), "checks": checks_all})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -101,8 +102,9 @@ def red_share(images: torch.Tensor) -> torch.Tensor:
 
 def main() -> None:
     cfg = json.loads(Path(sys.argv[1]).read_text())
-    if cfg.get("threads"):
-        torch.set_num_threads(cfg["threads"])
+    threads = cfg.get("threads") or int(os.environ.get("DEW_BENCH_THREADS", "0"))
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     step_fn = load_reference()
     model = DiT(cfg)

@@ -19,6 +19,7 @@ The first reply line is ``{"torch": version, "threads": n}``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -67,8 +68,10 @@ def reply(obj: dict) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and int(sys.argv[1]) > 0:
-        torch.set_num_threads(int(sys.argv[1]))
+    threads = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+    threads = threads or int(os.environ.get("DEW_BENCH_THREADS", "0"))  # the harness's count
+    if threads > 0:
+        torch.set_num_threads(threads)
     reply({"torch": torch.__version__, "threads": torch.get_num_threads()})
     step = leaf = None
     for line in sys.stdin:
