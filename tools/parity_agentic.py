@@ -36,14 +36,9 @@ Files written to ``tests/fixtures/agentic/``:
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +48,7 @@ import verl
 import verl.trainer.ppo.core_algos as core_algos
 import verl.trainer.ppo.rollout_corr_helper as rollout_corr
 import verl.utils.torch_functional as verl_F
+from reference_wheel import atomic_write, source_sha256, wheel_sha256
 from verl.trainer.config.algorithm import RolloutCorrectionConfig
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
@@ -408,49 +404,6 @@ def run_case(c: dict[str, Any], inputs: dict[str, np.ndarray]) -> dict[str, np.n
 # ---------------------------------------------------------------- provenance
 
 
-def wheel_sha256(given: str | None) -> str | None:
-    """sha256 of the verl wheel: given, a local copy, or a ``pip download`` (None if offline)."""
-    if given:
-        return given
-    for folder in (os.environ.get("DEW_VERL_WHEEL_DIR"), "/tmp/verlwheel"):
-        if folder:
-            wheels = sorted(Path(folder).glob(f"verl-{VERL_VERSION}-*.whl"))
-            if wheels:
-                return hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run(
-            [shutil.which("python3") or "python3", "-m", "pip", "download"]
-            + [f"verl=={VERL_VERSION}", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp],
-            capture_output=True,
-        )
-        wheels = sorted(Path(tmp).glob("verl-*.whl"))
-        if done.returncode != 0 or not wheels:
-            return None
-        return hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-
-
-def source_sha256() -> dict[str, str]:
-    out = {}
-    for module in (core_algos, rollout_corr, verl_F):
-        path = Path(module.__file__)
-        rel = path.relative_to(Path(verl.__file__).parent.parent).as_posix()
-        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
-def atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600 files; fixtures are committed
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
@@ -496,8 +449,8 @@ def main() -> None:
         "package": "verl",
         "version": VERL_VERSION,
         "wheel": f"verl-{VERL_VERSION}-py3-none-any.whl",
-        "wheel_sha256": wheel_sha256(args.wheel_sha256),
-        "source_sha256": source_sha256(),
+        "wheel_sha256": wheel_sha256("verl", VERL_VERSION, args.wheel_sha256),
+        "source_sha256": source_sha256((core_algos, rollout_corr, verl_F), verl),
         "torch": torch.__version__,
         "recorder": "tools/parity_agentic.py",
         "dtype": "float32",

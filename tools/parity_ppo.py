@@ -41,13 +41,10 @@ wheel sha256, source sha256, torch version, the aggregation mode and each case's
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +82,7 @@ import verl  # noqa: E402
 import verl.trainer.ppo.core_algos as core_algos  # noqa: E402
 import verl.trainer.ppo.rollout_corr_helper as rollout_corr  # noqa: E402
 import verl.utils.torch_functional as verl_F  # noqa: E402
+from reference_wheel import atomic_write, source_sha256, wheel_sha256  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
 VOCAB = 11  # ids 1..10 are drawn; 0 never appears
@@ -451,46 +449,6 @@ def record_composite(
 # ---------------------------------------------------------------- provenance
 
 
-def wheel_sha256(given: str | None) -> str | None:
-    """sha256 of the verl wheel: given, or from a ``pip download`` (None when offline)."""
-    if given:
-        return given
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run(
-            [shutil.which("python3") or "python3", "-m", "pip", "download"]
-            + [f"verl=={VERL_VERSION}", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp],
-            capture_output=True,
-        )
-        wheels = sorted(Path(tmp).glob("verl-*.whl"))
-        if done.returncode != 0 or not wheels:
-            return None
-        return hashlib.sha256(wheels[0].read_bytes()).hexdigest()
-
-
-def source_sha256() -> dict[str, str]:
-    out = {}
-    for module in (core_algos, rollout_corr, verl_F):
-        path = Path(module.__file__)
-        rel = path.relative_to(Path(verl.__file__).parent.parent).as_posix()
-        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
-
-
-# The recorder runs in the reference virtualenv, where dew is not installed, so it cannot use
-# dew.files.atomic_write; this is the same write (temporary file beside the target, replace).
-def atomic_write(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
@@ -529,8 +487,8 @@ def main() -> None:
         "package": "verl",
         "version": VERL_VERSION,
         "wheel": f"verl-{VERL_VERSION}-py3-none-any.whl",
-        "wheel_sha256": wheel_sha256(args.wheel_sha256),
-        "source_sha256": source_sha256(),
+        "wheel_sha256": wheel_sha256("verl", VERL_VERSION, args.wheel_sha256),
+        "source_sha256": source_sha256((core_algos, rollout_corr, verl_F), verl),
         "torch": torch.__version__,
         "recorder": "tools/parity_ppo.py",
         "seed": SEED,
