@@ -2,7 +2,7 @@
 
 The batches they train on come from the rollout machinery in ``dew.objectives.rollouts``;
 its public names (``SampledRollout``, ``RewardError``, ``EpisodeRollout`` and the episode
-errors, the ``sessions`` module) are also found here, as before. Names resolve lazily so
+errors, the ``sessions`` module) and the ``verl`` interop module are also found here, as before. Names resolve lazily so
 importing one objective does not import every other one.
 """
 
@@ -26,6 +26,7 @@ _NAMES: dict[str, str] = {
     "SampledRollout": "dew.objectives.rollouts.sampled",
     "ValueHead": "dew.objectives.rl.value_head",
     "sessions": "dew.objectives.rl.sessions",
+    "verl": "dew.objectives.rl.verl",
 }
 
 

@@ -12,6 +12,8 @@
   with ``dew.inference``, scores them with a reward function and packs them.
 - ``ppo``: ``PPORollout`` and ``episode_targets`` (GAE over packed episodes for PPO).
 - ``policy``: ``SubtreePolicy``, a sampler bound to the policy part of a larger tree.
+- ``verl``: ``to_verl``/``from_verl``, sessions to verl ``AgentLoopOutput`` rows and back
+  (``verl_rows`` reads and checks one row).
 
 Names resolve lazily, so reading the records does not import the inference engine.
 """
@@ -42,6 +44,10 @@ _NAMES: dict[str, str] = {
     "SingleActionError": "ppo",
     "episode_targets": "ppo",
     "SubtreePolicy": "policy",
+    "VerlRowError": "verl",
+    "VerlTrajectory": "verl",
+    "from_verl": "verl",
+    "to_verl": "verl",
 }
 
 

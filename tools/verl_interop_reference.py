@@ -1,0 +1,306 @@
+"""Record verl 0.9.1's own rows and tensors as fixtures for Dew's verl interop tests.
+
+Run it in the shared reference environment (never in Dew's own venv)::
+
+    "$(tools/reference_env.sh | tail -n 1)" tools/verl_interop_reference.py [--wheel-sha256 HEX]
+
+What it writes to ``tests/fixtures/verl_interop/``:
+
+* ``gsm8k_tool_agent.parquet``: the four train rows verl's own
+  ``examples/data_preprocess/gsm8k_tool_agent_loop.py`` writes (copied byte for byte into
+  ``tools/reference/verl_gsm8k_tool_agent_loop.py.txt`` from the verl repository), run here on
+  a small GSM8K-shaped dataset this script makes in a temporary folder (a ``main`` config of
+  question/answer parquet files, the layout of the Hub's ``openai/gsm8k``), so nothing is
+  downloaded.
+* ``rows.json`` + ``arrays.npz``: two ``verl.experimental.agent_loop.agent_loop.AgentLoopOutput``
+  rows, built with verl's class and dumped with its ``model_dump()``; arrays (routed experts,
+  video frames and the processor output) are stored in ``arrays.npz`` and referenced from the
+  JSON as ``{"__array__": key}``:
+
+  - ``tool_loop``: a two-call tool loop as ``ToolAgentLoop`` lays it out (prompt, sampled ids,
+    a tool response with mask 0 and log-prob 0.0, sampled ids, a last tool response), with the
+    engine's ``routed_experts`` over prompt + ids up to the last sampled id, and the versions
+    in ``extra_fields`` (``min_global_steps``/``max_global_steps``);
+  - ``video``: a video turn whose ``mm_processor_output`` is what
+    ``AgentLoopBase.build_sglang_video_payload`` returns for the video and its processor
+    output. The processor output (``pixel_values_videos``, ``video_grid_thw``) is built here
+    in Qwen2-VL's patch layout (temporal patch 2, patch 14), because transformers' video
+    processor needs torchvision, which the CPU reference env does not install.
+
+* ``tensors.npz``: for each row, ``<row>__as_dict__<key>`` (``AgentLoopOutput.as_dict()``:
+  ``prompts``, ``responses``, ``response_mask``, ``rollout_log_probs``, ``routed_experts``,
+  ``rm_scores``) and ``<row>__batch__<key>``, the padded batch verl's
+  ``AgentLoopWorker._agent_loop_postprocess`` then ``_postprocess`` build (``prompts``,
+  ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``,
+  ``rollout_log_probs``, ``routed_experts``, ``rm_scores``).
+* ``verl_interop.json``: package, version, wheel sha256, the sha256 of the verl sources used,
+  the upstream commit of the preprocessing script, torch version and the padding lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import verl
+import verl.experimental.agent_loop.agent_loop as agent_loop
+from reference_wheel import atomic_write, source_sha256, wheel_sha256
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    AgentLoopWorker,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "fixtures" / "verl_interop"
+SCRIPT = ROOT / "tools" / "reference" / "verl_gsm8k_tool_agent_loop.py.txt"
+SCRIPT_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"  # last changed in dfa3933a
+VERL_VERSION = "0.9.1"
+SEED = 20261130
+PROMPT_LENGTH = 32
+RESPONSE_LENGTH = 32
+PAD_ID = 0
+
+QUESTIONS = [
+    (
+        "Ann has 3 apples and buys 4 more. How many apples does she have?",
+        "3 + 4 = <<3+4=7>>7\n#### 7",
+    ),
+    ("A box holds 12 pens. How many pens are in 5 boxes?", "12 * 5 = <<12*5=60>>60\n#### 60"),
+    ("Tom had 1,250 dollars and spent 250. How much is left?", "1250 - 250 = 1000\n#### 1,000"),
+    ("Half of 18 children went home. How many stayed?", "18 / 2 = <<18/2=9>>9\n#### 9"),
+    ("What is 6 times 7?", "6 * 7 = 42\n#### 42"),
+    ("A train goes 30 km per hour for 2 hours. How far?", "30 * 2 = 60\n#### 60"),
+]
+
+
+# ---------------------------------------------------------------- gsm8k parquet
+
+
+def gsm8k_parquet(workdir: Path) -> Path:
+    """Run verl's preprocessing script on a local GSM8K-shaped dataset; the train parquet."""
+    data = workdir / "gsm8k"
+    (data / "main").mkdir(parents=True)
+    (data / "README.md").write_text(
+        "---\nconfigs:\n- config_name: main\n  data_files:\n"
+        "  - split: train\n    path: main/train-*.parquet\n"
+        "  - split: test\n    path: main/test-*.parquet\n---\n"
+    )
+    for split, rows in (("train", QUESTIONS[:4]), ("test", QUESTIONS[4:])):
+        table = pa.table({"question": [q for q, _ in rows], "answer": [a for _, a in rows]})
+        pq.write_table(table, data / "main" / f"{split}-00000-of-00001.parquet")
+    saved = workdir / "out"
+    subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--local_dataset_path",
+            str(data),
+            "--local_save_dir",
+            str(saved),
+        ],
+        check=True,
+        env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
+    return saved / "train.parquet"
+
+
+# ---------------------------------------------------------------- AgentLoopOutput rows
+
+
+def tool_loop_row(rng: np.random.Generator) -> AgentLoopOutput:
+    """Prompt, call 1, tool response, call 2, a last tool response (ToolAgentLoop's layout)."""
+    prompt = rng.integers(10, 90, 11).tolist()
+    call_1, tool_1 = rng.integers(10, 90, 6).tolist(), rng.integers(10, 90, 5).tolist()
+    call_2, tool_2 = rng.integers(10, 90, 4).tolist(), rng.integers(10, 90, 3).tolist()
+    response = call_1 + tool_1 + call_2 + tool_2
+    mask = [1] * 6 + [0] * 5 + [1] * 4 + [0] * 3
+    logprobs = [round(float(-abs(x)), 6) for x in rng.normal(0.8, 0.5, len(response))]
+    logprobs = [lp if m else 0.0 for lp, m in zip(logprobs, mask)]
+    # the engine's last generation recorded prompt + every id up to its last sampled id
+    covered = len(prompt) + 6 + 5 + 4
+    routed = rng.integers(0, 8, (covered, 2, 2)).astype(np.int32)
+    return AgentLoopOutput(
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        response_logprobs=logprobs,
+        routed_experts=routed,
+        multi_modal_data={},
+        reward_score=1.0,
+        num_turns=5,
+        metrics=AgentLoopMetrics(generate_sequences=0.25, tool_calls=0.5, num_preempted=0),
+        extra_fields={
+            "min_global_steps": 3,
+            "max_global_steps": 4,
+            "turn_scores": [],
+            "tool_rewards": [0.0, 1.0],
+        },
+        mm_processor_kwargs={},
+    )
+
+
+def video_row(rng: np.random.Generator) -> AgentLoopOutput:
+    """One sampled turn after a video prompt; mm_processor_output from verl's own helper."""
+    frames = torch.from_numpy(rng.integers(0, 255, (4, 3, 28, 28), dtype=np.uint8))
+    metadata = {"fps": 2.0, "frames_indices": [0, 1, 2, 3], "total_num_frames": 4}
+    grid = (2, 2, 2)  # temporal patches, height patches, width patches (patch 14, temporal 2)
+    pixel_values = torch.from_numpy(
+        rng.normal(0, 1, (int(np.prod(grid)), 3 * 2 * 14 * 14)).astype(np.float32)
+    )
+    mm_inputs = {"pixel_values_videos": pixel_values, "video_grid_thw": torch.tensor([grid])}
+    videos = [(frames, metadata)]
+    payload = AgentLoopBase.build_sglang_video_payload(videos, mm_inputs)
+    placeholders = int(np.prod(grid)) // 4  # 2x2 spatial merge
+    prompt = [151644, 872, 198, 151652] + [151656] * placeholders + [151653, 30, 151645, 198]
+    response = rng.integers(10, 90, 5).tolist()
+    logprobs = [round(float(-abs(x)), 6) for x in rng.normal(0.6, 0.4, 5)]
+    return AgentLoopOutput(
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=[1] * 5,
+        response_logprobs=logprobs,
+        multi_modal_data={"videos": videos},
+        reward_score=0.0,
+        num_turns=2,
+        metrics=AgentLoopMetrics(generate_sequences=0.125),
+        extra_fields={
+            "min_global_steps": 7,
+            "max_global_steps": 7,
+            "turn_scores": [],
+            "tool_rewards": [],
+        },
+        mm_processor_kwargs={"do_sample_frames": False},
+        mm_processor_output=payload,
+    )
+
+
+def pad_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose only job is ``pad`` (verl pads ids with it)."""
+    vocab = {"<pad>": PAD_ID, **{f"t{i}": i for i in range(1, 152000)}}
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, "<pad>")), pad_token="<pad>"
+    )
+
+
+def worker() -> AgentLoopWorker:
+    """An AgentLoopWorker with just what its post-processing reads (no Ray, no servers)."""
+    self = AgentLoopWorker.__new__(AgentLoopWorker)
+    self.tokenizer = pad_tokenizer()
+    self.processor = None
+    self.rollout_config = SimpleNamespace(
+        prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH
+    )
+    self.reward_loop_worker_handles = None
+    self.distillation_enabled = False
+    return self
+
+
+def batch_tensors(output: AgentLoopOutput) -> dict[str, np.ndarray]:
+    """verl's padded one-row batch for ``output`` (post-processing, then ``_postprocess``)."""
+    w = worker()
+    copy = AgentLoopOutput(**output.model_dump())
+    internal = asyncio.run(w._agent_loop_postprocess(copy, False, raw_prompt=[]))
+    proto = w._postprocess([internal])
+    return {key: value.numpy() for key, value in proto.batch.items()}
+
+
+# ---------------------------------------------------------------- JSON with arrays
+
+
+def encode(value: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
+    """JSON-able ``value``: arrays and tensors go to ``arrays`` as ``{"__array__": key}``."""
+    if isinstance(value, torch.Tensor):
+        value = value.numpy()
+    if isinstance(value, np.ndarray):
+        arrays[key] = value
+        return {"__array__": key}
+    if isinstance(value, dict):
+        return {k: encode(v, arrays, f"{key}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [encode(v, arrays, f"{key}.{i}") for i, v in enumerate(value)]
+    return value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--wheel-sha256", default=None)
+    args = parser.parse_args()
+    if verl.__version__ != VERL_VERSION:
+        sys.exit(f"expected verl {VERL_VERSION}, found {verl.__version__}")
+    rng = np.random.default_rng(SEED)
+    with tempfile.TemporaryDirectory() as tmp:
+        parquet = gsm8k_parquet(Path(tmp))
+        table = pq.read_table(parquet)
+        print(f"gsm8k tool-agent parquet: {table.num_rows} rows, columns {table.column_names}")
+        data = parquet.read_bytes()
+    atomic_write(args.out / "gsm8k_tool_agent.parquet", lambda p: Path(p).write_bytes(data))
+
+    outputs = {"tool_loop": tool_loop_row(rng), "video": video_row(rng)}
+    arrays: dict[str, np.ndarray] = {}
+    rows = {}
+    tensors: dict[str, np.ndarray] = {}
+    for name, output in outputs.items():
+        rows[name] = encode(output.model_dump(), arrays, name)
+        for key, value in output.as_dict().items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{name}__as_dict__{key}"] = value.numpy()
+        for key, value in batch_tensors(output).items():
+            tensors[f"{name}__batch__{key}"] = value
+        print(
+            f"{name}: {len(output.prompt_ids)} prompt ids, {len(output.response_ids)} response ids"
+        )
+
+    text = json.dumps(rows, indent=1) + "\n"
+    atomic_write(args.out / "rows.json", lambda p: Path(p).write_text(text))
+    atomic_write(args.out / "arrays.npz", lambda p: np.savez(p, **arrays))
+    atomic_write(args.out / "tensors.npz", lambda p: np.savez(p, **tensors))
+    sidecar = {
+        "package": "verl",
+        "version": VERL_VERSION,
+        "wheel": f"verl-{VERL_VERSION}-py3-none-any.whl",
+        "wheel_sha256": wheel_sha256("verl", VERL_VERSION, args.wheel_sha256),
+        "source_sha256": source_sha256((agent_loop,), verl),
+        "preprocess_script": {
+            "upstream": "volcengine/verl examples/data_preprocess/gsm8k_tool_agent_loop.py",
+            "commit": SCRIPT_COMMIT,
+            "copy": "tools/reference/verl_gsm8k_tool_agent_loop.py.txt",
+            "sha256": hashlib.sha256(SCRIPT.read_bytes()).hexdigest(),
+        },
+        "torch": torch.__version__,
+        "recorder": "tools/verl_interop_reference.py",
+        "seed": SEED,
+        "prompt_length": PROMPT_LENGTH,
+        "response_length": RESPONSE_LENGTH,
+        "pad_id": PAD_ID,
+        "rows": {
+            "tool_loop": "AgentLoopOutput, ToolAgentLoop layout, routed experts over prompt + ids "
+            "up to the last sampled id",
+            "video": "AgentLoopOutput with multi_modal_data videos, mm_processor_kwargs and "
+            "mm_processor_output from AgentLoopBase.build_sglang_video_payload; processor output "
+            "built in Qwen2-VL's patch layout (no torchvision in the reference env)",
+        },
+    }
+    text = json.dumps(sidecar, indent=1, sort_keys=True) + "\n"
+    atomic_write(args.out / "verl_interop.json", lambda p: Path(p).write_text(text))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
