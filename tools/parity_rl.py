@@ -28,10 +28,8 @@ Usage (any python; it re-executes itself under the reference venv of tools/refer
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,46 +75,11 @@ import verl  # noqa: E402
 import verl.trainer.ppo.core_algos as core_algos  # noqa: E402
 import verl.trainer.ppo.rollout_corr_helper as rollout_corr  # noqa: E402
 import verl.utils.torch_functional as verl_F  # noqa: E402
+from reference_wheel import source_sha256, wheel_sha256  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
 DTYPES = {"f64": torch.float64, "f32": torch.float32}
 Run = Callable[[dict[str, Any]], dict[str, Any]]
-
-
-def wheel_sha256(given: str | None) -> str:
-    """sha256 of the verl 0.9.1 wheel: given, or computed from a ``pip download`` of it."""
-    if given:
-        return given
-    with tempfile.TemporaryDirectory() as tmp:
-        # uv venvs carry no pip; the system interpreter's pip does the download.
-        subprocess.run(
-            [
-                shutil.which("python3") or "python3",
-                "-m",
-                "pip",
-                "download",
-                f"verl=={VERL_VERSION}",
-                "--no-deps",
-                "--only-binary=:all:",
-                "-q",
-                "-d",
-                tmp,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        (wheel,) = Path(tmp).glob("verl-*.whl")
-        return hashlib.sha256(wheel.read_bytes()).hexdigest()
-
-
-def source_sha256() -> dict[str, str]:
-    """sha256 of the installed verl source files whose functions are recorded."""
-    out = {}
-    for module in (core_algos, rollout_corr, verl_F):
-        path = Path(module.__file__)
-        rel = path.relative_to(Path(verl.__file__).parent.parent).as_posix()
-        out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def actor_config(clip_low: float = 0.2, clip_high: float = 0.28, clip_c: float = 3.0) -> Any:
@@ -801,8 +764,8 @@ def main() -> None:
         "package": "verl",
         "version": verl.__version__,
         "wheel": f"verl-{VERL_VERSION}-py3-none-any.whl",
-        "wheel_sha256": wheel_sha256(args.wheel_sha256),
-        "source_sha256": source_sha256(),
+        "wheel_sha256": wheel_sha256("verl", VERL_VERSION, args.wheel_sha256),
+        "source_sha256": source_sha256((core_algos, rollout_corr, verl_F), verl),
         "torch": torch.__version__,
         "recorder": "tools/parity_rl.py",
     }

@@ -2,8 +2,9 @@
 
 The batches they train on come from the rollout machinery in ``dew.objectives.rollouts``;
 its public names (``SampledRollout``, ``RewardError``, ``EpisodeRollout`` and the episode
-errors, the ``sessions`` module) and the ``verl`` interop module are also found here, as before. Names resolve lazily so
-importing one objective does not import every other one.
+errors, the ``sessions`` module) are also found here, as before, and so is the ``verl``
+interop module (``to_verl``, ``from_verl``). Names resolve lazily so importing one objective
+does not import every other one.
 """
 
 from __future__ import annotations
