@@ -31,6 +31,13 @@ from dew.rollout.openai import OpenAICompletion, OpenAIRolloutServer
 from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.remote import NoPublisher
+from dew.rollout.scheduler import (
+    RolloutScheduler,
+    SchedulerRecord,
+    WeightJournal,
+    prompt_tasks,
+    task_ids,
+)
 from dew.rollout.sources import EnvironmentSource, PromptSource, prompt_task
 from dew.rollout.vllm_generate import VLLMGenerateServer
 
@@ -54,10 +61,15 @@ __all__ = [
     "PromptSource",
     "Publication",
     "PushFailed",
+    "RolloutScheduler",
     "RolloutServer",
     "SafetensorsReload",
     "SamplingRefused",
+    "SchedulerRecord",
     "ServerClosed",
     "VLLMGenerateServer",
+    "WeightJournal",
     "prompt_task",
+    "prompt_tasks",
+    "task_ids",
 ]

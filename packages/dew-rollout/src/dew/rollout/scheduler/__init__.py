@@ -1,0 +1,17 @@
+"""``RolloutScheduler``: asynchronous GRPO rollouts from any ``SessionSource``.
+
+- ``scheduler``: ``RolloutScheduler``, the Trainer's ``rollout=`` hook (submission ahead of
+  the trainer, pushes, packing, proximal rescoring);
+- ``admission``: how finished rollouts become complete groups (statuses, retries, staleness,
+  timeouts, oversampling, ``admit``, cut groups);
+- ``tasks``: ``task_ids`` and ``prompt_tasks`` (batch -> tasks) and the wrapped task stream;
+- ``work``: the rollouts of one batch in flight; ``journal``: ``WeightJournal`` for exact
+  resume; ``record``: ``SchedulerRecord``; ``progress``: the terminal progress bar.
+"""
+
+from dew.rollout.scheduler.journal import WeightJournal
+from dew.rollout.scheduler.record import SchedulerRecord
+from dew.rollout.scheduler.scheduler import RolloutScheduler
+from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
+
+__all__ = ["RolloutScheduler", "SchedulerRecord", "WeightJournal", "prompt_tasks", "task_ids"]

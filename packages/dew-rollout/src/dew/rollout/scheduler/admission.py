@@ -1,0 +1,201 @@
+"""Admission: turning finished rollouts of one batch into complete groups (host side).
+
+By status:
+
+- COMPLETED and AGENT_ERROR are admitted with their reward (a missing reward is a source bug
+  and raises);
+- TRUNCATED is admitted (``pack``'s ``truncation`` decides how it trains), except under
+  ``"score"`` without a reward: its verifier never ran, so it is a failed attempt;
+- INFRA_ERROR and CANCELLED are failed attempts: the sample is submitted again until it has
+  failed ``max_attempts`` times, then its group is abandoned;
+- a rollout whose oldest call is more than ``max_lag`` updates behind is discarded and
+  submitted again (not a failure: the new attempt runs on fresher weights);
+- with ``timeout``, a rollout running longer is cancelled and submitted again as a failure.
+
+A group completes when ``groups`` of its samples are admitted (the rest of an oversampled
+group are cancelled). It then joins the batch only if the chains of every group admitted so far
+fit ``rows`` rows; otherwise it is cut. A group that cannot fit ``rows`` rows on its own
+raises. With ``admit=M`` the batch closes after ``M`` complete groups and the others are
+cancelled. A future that raises (the source itself failed) propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+
+from dew.objectives.rollouts.packing import chain_lengths, rows_needed
+from dew.objectives.rollouts.records import Session, Status
+from dew.rollout.scheduler.work import (
+    ABANDONED,
+    COMPLETE,
+    CUT,
+    DROPPED,
+    OPEN,
+    BatchWork,
+    Entry,
+)
+
+Resubmit = Callable[[BatchWork, int, int], None]
+Cancel = Callable[[Entry], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rules:
+    """The admission settings of a scheduler (checked by it)."""
+
+    groups: int
+    width: int
+    rows: int
+    max_lag: int
+    max_attempts: int
+    truncation: str
+    timeout: float | None
+    admit: int | None
+
+
+class Admission:
+    """Collect one batch: wait for its rollouts and admit, resubmit, abandon or cut."""
+
+    def __init__(
+        self,
+        rules: Rules,
+        resubmit: Resubmit,
+        cancel: Cancel,
+        tick: Callable[[BatchWork], None] | None = None,
+    ) -> None:
+        self.rules = rules
+        self.resubmit = resubmit
+        self.cancel = cancel
+        self.tick = tick
+
+    def expire(self, work: BatchWork, updates: int) -> None:
+        """Cancel and resubmit rollouts past the timeout, or submitted past ``max_lag``."""
+        now = work.now()
+        for entry in sorted(work.entries.values(), key=lambda e: (e.group, e.sample)):
+            stale = updates - entry.version > self.rules.max_lag
+            late = self.rules.timeout is not None and now - entry.started > self.rules.timeout
+            if not (stale or late):
+                continue
+            work.pop(entry.future)
+            self.cancel(entry)
+            work.counts["cancelled"] += 1
+            if stale:
+                work.counts["resubmitted/stale"] += 1
+                self.resubmit(work, entry.group, entry.sample)
+            else:
+                self._failed(work, entry, "timeout")
+
+    def collect(self, work: BatchWork, updates: int) -> None:
+        """Wait until every group of ``work`` is complete, cut or abandoned (or ``admit``
+        groups are complete)."""
+        while work.open_groups():
+            self.expire(work, updates)
+            futures = work.futures()
+            if not futures:
+                raise RuntimeError(f"scheduler: batch {work.index} has open groups but no work")
+            timeout = None
+            if self.rules.timeout is not None:
+                oldest = min(e.started for e in work.entries.values())
+                timeout = max(0.0, oldest + self.rules.timeout - work.now()) + 1e-3
+            done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+            entries = [work.entries.get(id(f)) for f in done]
+            for entry in sorted((e for e in entries if e is not None),
+                                key=lambda e: (e.group, e.sample)):  # fmt: skip
+                work.pop(entry.future)
+                try:
+                    session = entry.future.result()
+                except CancelledError:
+                    session = Session(task=work.groups[entry.group].task.id,
+                                      status=Status.CANCELLED, detail="future cancelled")  # fmt: skip
+                self._handle(work, entry, session, updates)
+            if self.tick is not None:
+                self.tick(work)
+
+    # -- one finished rollout -------------------------------------------------------------
+
+    def _handle(self, work: BatchWork, entry: Entry, session: Session, updates: int) -> None:
+        group = work.groups[entry.group]
+        if group.state != OPEN:
+            return
+        if not isinstance(session, Session):
+            raise TypeError(
+                f"source: expected a Session from its future, got {type(session).__name__}"
+            )
+        status = session.status
+        if status in (Status.INFRA_ERROR, Status.CANCELLED):
+            self._failed(work, entry, status.value)
+            return
+        if (
+            status is Status.TRUNCATED
+            and self.rules.truncation == "score"
+            and session.reward is None
+        ):
+            self._failed(work, entry, "truncated_unscored")
+            return
+        if status in (Status.COMPLETED, Status.AGENT_ERROR) and session.reward is None:
+            raise ValueError(
+                f"source: task {group.task.id!r} sample {entry.sample} ended {status.name} "
+                "without a reward (Session.reward is None)"
+            )
+        versions = [call.version for call in session.calls]
+        lag = updates - min(versions) if versions else 0
+        if lag > self.rules.max_lag:
+            work.counts["resubmitted/stale"] += 1
+            self.resubmit(work, entry.group, entry.sample)
+            return
+        group.admitted[entry.sample] = dataclasses.replace(
+            session, task=group.task.id, group=entry.group, sample=entry.sample,
+            attempt=entry.attempt,
+        )  # fmt: skip
+        group.latencies[entry.sample] = work.now() - entry.started
+        if len(group.admitted) >= self.rules.groups:
+            self._complete(work, entry.group)
+
+    def _failed(self, work: BatchWork, entry: Entry, cause: str) -> None:
+        group = work.groups[entry.group]
+        group.failures[entry.sample] += 1
+        if group.failures[entry.sample] >= self.rules.max_attempts:
+            group.state = ABANDONED
+            work.counts["abandoned"] += 1
+            self._stop_group(work, entry.group)
+            return
+        work.counts[f"resubmitted/{cause}"] += 1
+        self.resubmit(work, entry.group, entry.sample)
+
+    def _stop_group(self, work: BatchWork, group: int) -> None:
+        for other in work.running(group):
+            work.pop(other.future)
+            self.cancel(other)
+            work.counts["cancelled"] += 1
+
+    def _complete(self, work: BatchWork, index: int) -> None:
+        group = work.groups[index]
+        self._stop_group(work, index)  # oversampled samples still running
+        keep = sorted(group.admitted)[: self.rules.groups]
+        group.admitted = {s: group.admitted[s] for s in keep}
+        mine = [group.admitted[s] for s in keep]
+        width, rows, truncation = self.rules.width, self.rules.rows, self.rules.truncation
+        alone = rows_needed(chain_lengths(mine, width, truncation), width)
+        if alone > rows:
+            raise ValueError(
+                f"rows: group of task {group.task.id!r} needs {alone} rows of width {width} on "
+                f"its own, more than rows={rows}; size rows for the chains one group can make"
+            )
+        earlier = [s for g in work.groups if g.state == COMPLETE for s in g.admitted.values()]
+        if rows_needed(chain_lengths(earlier + mine, width, truncation), width) > rows:
+            group.state = CUT
+            work.counts["cut"] += 1
+            return
+        group.state = COMPLETE
+        group.order = work.completed
+        work.completed += 1
+        if self.rules.admit is not None and work.completed >= self.rules.admit:
+            for other, g in enumerate(work.groups):
+                if g.state == OPEN:
+                    g.state = DROPPED
+                    self._stop_group(work, other)
+
+
+__all__ = ["Admission", "Rules"]

@@ -1,0 +1,345 @@
+"""``RolloutScheduler``: the Trainer's rollout for any ``SessionSource``, submitting ahead.
+
+Each call (one training batch ``i``, with ``u`` updates committed):
+
+1. batches the trainer's stream registered but nobody submitted yet (the first call, a
+   resumed run, ``ahead=0``) are submitted, each under the version the journal says it had
+   (weights reloaded from the journal) or else under the served weights;
+2. batch ``i`` is collected: its rollouts are admitted by status (``admission``), failures
+   resubmitted under the served weights, until every group is complete, cut or abandoned;
+3. with several processes, every process learns whether any failed, and all raise together;
+4. when the served version is ``sync_every`` or more behind ``u``, the current weights are
+   pushed as version ``u`` (a push that leaves the version where it was is tried once more,
+   then raises);
+5. batches ``i + 1 .. i + ahead`` are submitted under the served version, so they draw while
+   the trainer updates on batch ``i``;
+6. batch ``i``'s complete groups are packed into ``[rows, width]`` (``pack``) and
+   ``old_log_probs`` is rescored under the trainer's current weights (the proximal policy);
+   ``behavior_log_probs`` keeps the engine's.
+
+A first submission is at most ``ahead + sync_every - 1`` updates old when it trains, so
+construction refuses ``max_lag`` below that, and any ``max_lag > 0`` needs the objective's
+behavior correction (``GRPOObjective(behavior_importance=...)``, a TIS cap or an IcePop band).
+Collecting batch ``i`` before pushing keeps every draw on one version when ``ahead=1``, which
+with a ``journal`` makes a resumed run redraw exactly what the crash left in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dew.checks import is_int
+from dew.data.dataset import Dataset
+from dew.objectives.rollouts.chains import TRUNCATIONS
+from dew.objectives.rollouts.episodes.cohort import agree_on_failure
+from dew.objectives.rollouts.metrics import session_metrics
+from dew.objectives.rollouts.packing import pack
+from dew.objectives.rollouts.records import Session, check_choice
+from dew.rollout.scheduler.admission import Admission, Rules
+from dew.rollout.scheduler.journal import WeightJournal
+from dew.rollout.scheduler.progress import SchedulerProgress
+from dew.rollout.scheduler.record import SchedulerRecord
+from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
+from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
+from dew.trainer.mesh import data_mesh, global_batch
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    if not is_int(value) or value < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class RolloutScheduler:
+    """Run GRPO rollouts from ``source`` while the trainer updates (module docstring).
+
+    Args:
+      objective: the ``GRPOObjective`` (its width must equal ``width``).
+      source: a ``SessionSource`` (``PromptSource``, ``EnvironmentSource``, ``HarborSource``).
+      weights: what serves the source (``NativeRolloutServer``, ``Publication``, ...):
+        ``load(variables, version)`` and ``version``.
+      width: row width W; rows: rows N this process packs.
+      tasks: ``batch -> list[Task]`` (``task_ids`` or ``prompt_tasks``).
+      groups: admitted samples per task (G).
+      max_lag: the oldest call an admitted rollout may have, in updates behind.
+      ahead: batches submitted ahead of the one training; sync_every: push after this many
+        updates.
+      max_attempts: failures per sample before its group is abandoned.
+      timeout: seconds a rollout may run before it is cancelled and resubmitted.
+      oversample: extra samples per group (the first G to finish are admitted).
+      admit: admit only the first M complete groups of a batch.
+      truncation, estimator, support_capacity, eos_ids: as ``pack`` takes them.
+      seed: the run's seed; each attempt's source seed mixes it with the batch index, group,
+        sample, attempt and process.
+      log: receives a ``SchedulerRecord`` per call.
+      journal: a directory for ``WeightJournal`` (exact resume of in-flight work).
+      progress: draw the progress bar (``None``: only on a terminal).
+    """
+
+    def __init__(
+        self,
+        objective: Any,
+        source: Any,
+        weights: Any,
+        *,
+        width: int,
+        rows: int,
+        tasks: TaskReader,
+        groups: int,
+        max_lag: int = 1,
+        ahead: int = 1,
+        sync_every: int = 1,
+        max_attempts: int = 3,
+        timeout: float | None = None,
+        oversample: int = 0,
+        admit: int | None = None,
+        truncation: str = "mask",
+        estimator: str = "group",
+        support_capacity: int | None = None,
+        eos_ids: Any = None,
+        seed: int = 0,
+        log: Callable[[SchedulerRecord], None] | None = None,
+        journal: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        for name in ("submit", "cancel"):
+            if not callable(getattr(source, name, None)):
+                raise TypeError(f"source: expected a SessionSource, it has no {name}()")
+        if not callable(getattr(weights, "load", None)) or not hasattr(weights, "version"):
+            raise TypeError("weights: expected load(variables, version) and a version")
+        if not callable(tasks):
+            raise TypeError(f"tasks: expected a function batch -> [Task], got {tasks!r}")
+        if not callable(getattr(objective, "packed_log_probs", None)):
+            raise TypeError("objective: expected a GRPOObjective (no packed_log_probs)")
+        width = _count(width, "width", 2)
+        if getattr(objective, "width", width) != width:
+            raise ValueError(
+                f"width: the objective trains rows {objective.width} wide "
+                f"(seq_len + 1), got width={width}"
+            )
+        groups = _count(groups, "groups", 1)
+        ahead = _count(ahead, "ahead", 0)
+        sync_every = _count(sync_every, "sync_every", 1)
+        max_lag = _count(max_lag, "max_lag", 0)
+        if max_lag < ahead + sync_every - 1:
+            raise ValueError(
+                f"max_lag: a first submission may be ahead + sync_every - 1 = "
+                f"{ahead + sync_every - 1} updates old when it trains, got max_lag={max_lag}"
+            )
+        if max_lag > 0 and getattr(objective, "behavior_importance", None) is None:
+            raise ValueError(
+                f"objective.behavior_importance: max_lag={max_lag} lets rollouts train on "
+                "older weights, which needs a behavior correction: GRPOObjective("
+                "behavior_importance=c) (a TIS cap) or (lo, hi) (an IcePop band)"
+            )
+        check_choice(truncation, TRUNCATIONS, "truncation")
+        if timeout is not None and not float(timeout) > 0:
+            raise ValueError(f"timeout: expected None or seconds > 0, got {timeout!r}")
+        if admit is not None:
+            admit = _count(admit, "admit", 1)
+        if journal is not None and jax.process_count() > 1:
+            raise ValueError("journal: supported on a single-process trainer only")
+        self.objective = objective
+        self.source = source
+        self.weights = weights
+        self.width, self.rows, self.groups = width, _count(rows, "rows", 1), groups
+        self.ahead, self.sync_every, self.max_lag = ahead, sync_every, max_lag
+        self.samples = groups + _count(oversample, "oversample", 0)
+        self.truncation, self.estimator = truncation, estimator
+        self.support_capacity, self.eos_ids = support_capacity, eos_ids
+        self.seed = _count(seed, "seed", 0)
+        self.log = log
+        self.task_reader = tasks
+        self.rules = Rules(groups, width, self.rows, max_lag,
+                           _count(max_attempts, "max_attempts", 1), truncation,
+                           None if timeout is None else float(timeout), admit)  # fmt: skip
+        self.admission = Admission(self.rules, self._resubmit, self._cancel, self._tick)
+        self.journal = None if journal is None else WeightJournal(journal, ahead + sync_every + 1)
+        self.stream = TaskStream(ahead, self._reopen)
+        self.progress = SchedulerProgress(enabled=progress)
+        self._work: dict[int, BatchWork] = {}
+        self.last_sessions: list[Session] = []
+        self._waiting_since = time.perf_counter()
+        self._updates: int | None = None
+        self._step = 0
+        self._rescore = jax.jit(objective.packed_log_probs)
+        self._mesh: Any = None
+
+    # -- the trainer's side ---------------------------------------------------------------
+
+    def tasks(self, dataset: Dataset) -> Dataset:
+        """``dataset`` whose stream registers each batch as it is read (train on this one)."""
+        return self.stream.wrap(dataset)
+
+    def at_step(self, step: int, updates: int) -> None:
+        """The Trainer's clock: the step being attempted and the updates committed."""
+        self._step, self._updates = int(step), int(updates)
+
+    def __call__(self, variables: Any, batch: Mapping[str, Any], key: Any = None) -> dict:
+        """Collect, pack and rescore the rollouts of ``batch`` (see the module docstring)."""
+        index = self.stream.take(batch)
+        updates = self._updates if self._updates is not None else index
+        self._updates = None
+        error: BaseException | None = None
+        start = self._waiting_since = time.perf_counter()
+        try:
+            self._submit_pending(variables, index, updates)
+            if updates - int(self.weights.version) > self.max_lag:
+                # the trainer ran ahead of the schedule: refresh before resubmitting
+                self._push(variables, updates)
+            for work in list(self._work.values()):
+                self.admission.expire(work, updates)
+            work = self._work[index]
+            self.admission.collect(work, updates)
+        except BaseException as caught:  # noqa: BLE001 - agreed with the other processes
+            error = caught
+            self._cancel_all()
+        waited = time.perf_counter() - start
+        agree_on_failure(error)
+        pushed = self._maybe_push(variables, updates)
+        for later in range(index + 1, index + self.ahead + 1):
+            self._submit_batch(later)
+        del self._work[index]
+        self.stream.forget(index)
+        out, record = self._pack(variables, work, updates, waited, pushed)
+        self.progress.close()
+        if self.log is not None:
+            self.log(record)
+        return out
+
+    def close(self) -> None:
+        """Cancel every rollout still in flight."""
+        self._cancel_all()
+        self.progress.close()
+
+    # -- submission -----------------------------------------------------------------------
+
+    def _reopen(self, start: int) -> None:
+        self._cancel_all()
+        self._work.clear()
+
+    def _submit_pending(self, variables: Any, index: int, updates: int) -> None:
+        for earlier in range(index, index + self.ahead):
+            if earlier in self._work or self.stream.registered(earlier) is None:
+                continue
+            version = None if self.journal is None else self.journal.version_of(earlier)
+            if version is not None and version != self.weights.version:
+                kept = self.journal.weights(version, variables) if self.journal else None
+                if kept is not None:
+                    self._push(kept, version)
+            if version is None or version != self.weights.version:
+                self._maybe_push(variables, updates)
+            self._submit_batch(earlier)
+        if index not in self._work:
+            self._maybe_push(variables, updates)
+            self._submit_batch(index)
+
+    def _submit_batch(self, index: int) -> None:
+        batch = self.stream.registered(index)
+        if batch is None or index in self._work:
+            return
+        tasks = check_tasks(self.task_reader(batch), index)
+        work = BatchWork(index, tasks, self.samples, self.seed, jax.process_index())
+        self._work[index] = work
+        if self.journal is not None:
+            self.journal.submitted(index, int(self.weights.version))
+        for group in range(len(tasks)):
+            for sample in range(self.samples):
+                self._submit(work, group, sample, first=True)
+
+    def _submit(self, work: BatchWork, group: int, sample: int, first: bool = False) -> None:
+        state = work.groups[group]
+        if not first:
+            state.attempts[sample] += 1
+        attempt = state.attempts[sample]
+        version = int(self.weights.version)
+        future = self.source.submit(state.task, seed=work.seed_of(group, sample, attempt))
+        work.add(Entry(group, sample, attempt, future, version, work.now()))
+
+    def _resubmit(self, work: BatchWork, group: int, sample: int) -> None:
+        self._submit(work, group, sample)
+
+    def _tick(self, work: BatchWork) -> None:
+        total = sum(g.state == COMPLETE for g in work.groups)
+        in_flight = sum(len(w.entries) for w in self._work.values())
+        waited = time.perf_counter() - self._waiting_since
+        self.progress.update(total, len(work.groups), in_flight, waited)
+
+    def _cancel(self, entry: Entry) -> None:
+        self.source.cancel(entry.future)
+
+    def _cancel_all(self) -> None:
+        for work in self._work.values():
+            for entry in list(work.entries.values()):
+                work.pop(entry.future)
+                self._cancel(entry)
+
+    # -- pushes ---------------------------------------------------------------------------
+
+    def _maybe_push(self, variables: Any, updates: int) -> int | None:
+        if updates - int(self.weights.version) < self.sync_every:
+            return None
+        self._push(variables, updates)
+        return updates
+
+    def _push(self, variables: Any, version: int) -> None:
+        copy = jax.tree.map(lambda x: jnp.array(x, copy=True), variables)
+        for _ in range(2):
+            self.weights.load(copy, version)
+            if int(self.weights.version) == version:
+                if self.journal is not None:
+                    self.journal.pushed(copy, version)
+                return
+        raise RuntimeError(
+            f"weights: pushing version {version} left the served version at "
+            f"{self.weights.version}, twice"
+        )
+
+    # -- packing --------------------------------------------------------------------------
+
+    def _pack(
+        self, variables: Any, work: BatchWork, updates: int, waited: float, pushed: int | None
+    ) -> tuple[dict[str, Any], SchedulerRecord]:
+        complete = [g for g in work.groups if g.state == COMPLETE]
+        sessions: list[Session] = [g.admitted[s] for g in complete for s in sorted(g.admitted)]
+        latencies = [g.latencies[s] for g in complete for s in sorted(g.admitted)]
+        self.last_sessions = sessions
+        out: dict[str, Any] = pack(sessions, self.width, rows=self.rows,
+                                   estimator=self.estimator, truncation=self.truncation,
+                                   support_capacity=self.support_capacity,
+                                   eos_ids=self.eos_ids)  # fmt: skip
+        out["old_log_probs"] = self._rescored(variables, out)
+        versions = [c.version for s in sessions for c in s.calls]
+        oldest = min(versions) if versions else updates
+        metrics = session_metrics(sessions, out, latencies=latencies or None,
+                                  version=updates, truncation=self.truncation)  # fmt: skip
+        counts = work.counts
+        record = SchedulerRecord(
+            step=self._step, index=work.index, updates=updates, version=oldest,
+            lag=updates - oldest, admitted_groups=len(complete), groups=len(work.groups),
+            resubmitted={k.split("/", 1)[1]: v for k, v in counts.items() if "/" in k},
+            cancelled=counts["cancelled"], abandoned=counts["abandoned"], cut=counts["cut"],
+            waited=waited, pushed=pushed, metrics=metrics,
+        )  # fmt: skip
+        return out, record
+
+    def _rescored(self, variables: Any, batch: dict[str, Any]) -> np.ndarray:
+        if jax.process_count() == 1:
+            return np.asarray(jax.device_get(self._rescore(variables, batch)), np.float32)
+        from jax.experimental import multihost_utils
+
+        if self._mesh is None:
+            self._mesh = data_mesh()
+        scored = self._rescore(variables, global_batch(batch, self._mesh))
+        every = np.asarray(multihost_utils.process_allgather(scored, tiled=True), np.float32)
+        mine = jax.process_index() * self.rows
+        return every[mine : mine + self.rows]
+
+
+__all__ = ["RolloutScheduler"]
