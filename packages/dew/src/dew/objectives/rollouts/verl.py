@@ -198,92 +198,6 @@ def to_verl(sessions: Sequence[Session | VerlTrajectory]) -> list[dict[str, Any]
 # ---------------------------------------------------------------- reading
 
 
-def _native_calls(
-    parsed: dict[str, Any], routed: np.ndarray | None, version: int, index: int
-) -> list[Call]:
-    ids = np.concatenate([parsed["prompt"], parsed["response"]])
-    offset = parsed["prompt"].size
-    logprobs = parsed["logprobs"]
-    calls = []
-    spans = [(offset + a, offset + b) for a, b in rows_.runs(parsed["mask"])]
-    for start, stop in spans:
-        record = None
-        if routed is not None:
-            if routed.shape[0] < stop:
-                raise VerlRowError(
-                    index,
-                    "routed_experts",
-                    f"covers {routed.shape[0]} ids, but the call sampled up to id {stop}",
-                )
-            record = routed[:stop]
-        calls.append(
-            Call(
-                prompt_ids=ids[:start],
-                sampled_ids=ids[start:stop],
-                behavior_log_probs=logprobs[start - offset : stop - offset],
-                finish_reason="stop",
-                version=version,
-                routed_experts=record,
-            )
-        )
-    end = spans[-1][1] if spans else offset
-    if end < ids.size or not spans:
-        empty = None if routed is None else routed[:0]
-        calls.append(
-            Call(ids, [], [], finish_reason="abort", version=version, routed_experts=empty)
-        )
-    return calls
-
-
-def _dew_calls(
-    parsed: dict[str, Any], routed: np.ndarray | None, record: Mapping[str, Any], index: int
-) -> list[tuple[int, Call]]:
-    ids = np.concatenate([parsed["prompt"], parsed["response"]])
-    offset = parsed["prompt"].size
-    mask = np.concatenate([np.zeros(offset, bool), parsed["mask"]])
-    logprobs = np.concatenate([np.zeros(offset), parsed["logprobs"]])
-    out = []
-    covered = 0
-    for k, spec in enumerate(record.get("calls") or ()):
-        where = f"extra_fields.dew.calls[{k}]"
-        start, n = spec.get("start"), spec.get("sampled")
-        if not (is_integer(start) and is_integer(n) and 0 < start and n >= 0):
-            raise VerlRowError(
-                index, where, f"expected integer start > 0 and sampled >= 0, got {spec!r}"
-            )
-        if start + n > ids.size or not mask[start : start + n].all():
-            raise VerlRowError(
-                index, where, f"ids [{start}, {start + n}) are not all sampled ids of the row"
-            )
-        covered += n
-        record_routed = None
-        if spec.get("routing") is not None:
-            lo = 0 if spec["routing"] == "full" else start
-            if routed is None or routed.shape[0] < start + n:
-                raise VerlRowError(
-                    index, "routed_experts", f"{where} recorded routing up to id {start + n}"
-                )
-            record_routed = routed[lo : start + n]
-        call = Call(
-            prompt_ids=ids[:start],
-            sampled_ids=ids[start : start + n],
-            behavior_log_probs=logprobs[start : start + n],
-            finish_reason=spec.get("finish_reason", "stop"),
-            version=spec.get("version", 0),
-            raw_log_probs=spec.get("raw_log_probs"),
-            routed_experts=record_routed,
-            support=spec.get("support"),
-        )
-        out.append((int(spec.get("index", k)), call))
-    if covered != int(mask.sum()):
-        raise VerlRowError(
-            index,
-            "extra_fields.dew.calls",
-            f"the calls account for {covered} sampled ids, the mask has {int(mask.sum())}",
-        )
-    return out
-
-
 def _read_row(row: Any, index: int, media: bool) -> dict[str, Any]:
     data = rows_.as_mapping(row, index)
     carried = rows_.has_media(data)
@@ -314,7 +228,7 @@ def _read_row(row: Any, index: int, media: bool) -> dict[str, Any]:
 def _native(item: dict[str, Any], index: int, samples: int) -> VerlTrajectory:
     version = rows_.version(item["extras"], index)
     reward = rows_.reward(item["data"], index)
-    calls = _native_calls(item["parsed"], item["routed"], version, index)
+    calls = rows_.native_calls(item["parsed"], item["routed"], version, index)
     session = Session(task=index // samples, sample=index % samples, calls=calls, reward=reward)
     return VerlTrajectory(
         session, (item["extras"],), (item["fields"],), (item["parsed"]["prompt"].size,), False
@@ -336,7 +250,7 @@ def _joined(items: list[tuple[int, dict[str, Any]]]) -> VerlTrajectory:
         )
     numbered: list[tuple[int, Call]] = []
     for row_index, item in items:
-        numbered.extend(_dew_calls(item["parsed"], item["routed"], item["record"], row_index))
+        numbered.extend(rows_.dew_calls(item["parsed"], item["routed"], item["record"], row_index))
     numbered.sort(key=lambda pair: pair[0])
     if [n for n, _ in numbered] != list(range(len(numbered))):
         raise VerlRowError(

@@ -13,7 +13,9 @@ as a mapping (``model_dump()``) or the pydantic object itself:
   ``["max_global_steps"]``), and the media fields ``multi_modal_data``,
   ``mm_processor_kwargs``, ``mm_processor_output``.
 
-Every refusal is a :class:`VerlRowError` naming the row and the field.
+``native_calls`` and ``dew_calls`` turn a checked row into ``Call`` records (see
+``dew.objectives.rollouts.verl`` for the rules). Every refusal is a :class:`VerlRowError`
+naming the row and the field.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.records import token_ids
+from dew.objectives.rollouts.records import Call, token_ids
 
 TOKEN_FIELDS = (
     "prompt_ids",
@@ -178,12 +180,105 @@ def routed(row: Mapping[str, Any], index: int, length: int) -> np.ndarray | None
     return array
 
 
+def native_calls(
+    parsed: dict[str, Any], routed: np.ndarray | None, version: int, index: int
+) -> list[Call]:
+    """One call per run of sampled ids, plus a last empty call when ids follow the last run."""
+    ids = np.concatenate([parsed["prompt"], parsed["response"]])
+    offset = parsed["prompt"].size
+    logprobs = parsed["logprobs"]
+    calls = []
+    spans = [(offset + a, offset + b) for a, b in runs(parsed["mask"])]
+    for start, stop in spans:
+        record = None
+        if routed is not None:
+            if routed.shape[0] < stop:
+                raise VerlRowError(
+                    index,
+                    "routed_experts",
+                    f"covers {routed.shape[0]} ids, but the call sampled up to id {stop}",
+                )
+            record = routed[:stop]
+        calls.append(
+            Call(
+                prompt_ids=ids[:start],
+                sampled_ids=ids[start:stop],
+                behavior_log_probs=logprobs[start - offset : stop - offset],
+                finish_reason="stop",
+                version=version,
+                routed_experts=record,
+            )
+        )
+    end = spans[-1][1] if spans else offset
+    if end < ids.size or not spans:
+        empty = None if routed is None else routed[:0]
+        calls.append(
+            Call(ids, [], [], finish_reason="abort", version=version, routed_experts=empty)
+        )
+    return calls
+
+
+def dew_calls(
+    parsed: dict[str, Any], routed: np.ndarray | None, record: Mapping[str, Any], index: int
+) -> list[tuple[int, Call]]:
+    """The calls Dew's ``record`` describes, each with its index in the session."""
+    ids = np.concatenate([parsed["prompt"], parsed["response"]])
+    offset = parsed["prompt"].size
+    mask = np.concatenate([np.zeros(offset, bool), parsed["mask"]])
+    logprobs = np.concatenate([np.zeros(offset), parsed["logprobs"]])
+    out = []
+    covered = 0
+    for k, spec in enumerate(record.get("calls") or ()):
+        where = f"extra_fields.dew.calls[{k}]"
+        start, n = spec.get("start"), spec.get("sampled")
+        if not (is_integer(start) and is_integer(n) and 0 < start and n >= 0):
+            raise VerlRowError(
+                index, where, f"expected integer start > 0 and sampled >= 0, got {spec!r}"
+            )
+        if start + n > ids.size or not mask[start : start + n].all():
+            raise VerlRowError(
+                index, where, f"ids [{start}, {start + n}) are not all sampled ids of the row"
+            )
+        covered += n
+        record_routed = None
+        if spec.get("routing") is not None:
+            lo = 0 if spec["routing"] == "full" else start
+            if routed is None or routed.shape[0] < start + n:
+                raise VerlRowError(
+                    index, "routed_experts", f"{where} recorded routing up to id {start + n}"
+                )
+            record_routed = routed[lo : start + n]
+        try:
+            call = Call(
+                prompt_ids=ids[:start],
+                sampled_ids=ids[start : start + n],
+                behavior_log_probs=logprobs[start : start + n],
+                finish_reason=spec.get("finish_reason", "stop"),
+                version=spec.get("version", 0),
+                raw_log_probs=spec.get("raw_log_probs"),
+                routed_experts=record_routed,
+                support=spec.get("support"),
+            )
+        except (TypeError, ValueError) as err:
+            raise VerlRowError(index, where, str(err)) from None
+        out.append((int(spec.get("index", k)), call))
+    if covered != int(mask.sum()):
+        raise VerlRowError(
+            index,
+            "extra_fields.dew.calls",
+            f"the calls account for {covered} sampled ids, the mask has {int(mask.sum())}",
+        )
+    return out
+
+
 __all__ = [
     "MEDIA_FIELDS",
     "TOKEN_FIELDS",
     "VerlRowError",
     "as_mapping",
+    "dew_calls",
     "has_media",
+    "native_calls",
     "reward",
     "routed",
     "runs",
