@@ -69,33 +69,63 @@ def test_fixture_provenance(recorded: dict[str, Any]) -> None:
     assert "verl/experimental/agent_loop/agent_loop.py" in sidecar["source_sha256"]
 
 
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, stop) of each run of 1s, by a plain scan."""
+    out, start = [], None
+    for i, flag in enumerate([*mask, 0]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
 def test_native_tool_row_imports_and_reexports_unchanged(recorded: dict[str, Any]) -> None:
     row = recorded["rows"]["tool_loop"]
     (trajectory,) = verl.from_verl([row])
     session = trajectory.session
     assert (session.task, session.sample, session.status) == (0, 0, Status.COMPLETED)
-    assert session.reward == 1.0
+    assert session.reward == 1.0  # verl's gsm8k scorer, through its post-processing
     prompt, response = row["prompt_ids"], row["response_ids"]
     ids = prompt + response
-    # each run of mask-1 ids is one call whose prompt is every id before it; the trailing tool
-    # response comes back as a last call that sampled nothing
-    spans = [(11, 17), (22, 26)]
-    assert len(session.calls) == 3
+    offset = len(prompt)
+    spans = [(offset + a, offset + b) for a, b in _runs(row["response_mask"])]
+    assert len(spans) == 2  # the tool call, then the answer
+    # each run of mask-1 ids is one call whose prompt is every id before it, at the row's
+    # first policy version
+    assert len(session.calls) == len(spans)
     for call, (start, stop) in zip(session.calls, spans):
         assert call.prompt_ids.tolist() == ids[:start]
         assert call.sampled_ids.tolist() == ids[start:stop]
-        assert call.behavior_log_probs.tolist() == row["response_logprobs"][start - 11 : stop - 11]
-        assert call.version == 3 and call.finish_reason == "stop"
+        want = row["response_logprobs"][start - offset : stop - offset]
+        assert call.behavior_log_probs.tolist() == want
+        assert call.version == row["extra_fields"]["min_global_steps"] == 3
+        assert call.finish_reason == "stop"
         np.testing.assert_array_equal(call.routed_experts, row["routed_experts"][:stop])
-    tail = session.calls[2]
-    assert tail.prompt_ids.tolist() == ids and tail.sampled_ids.size == 0
-    assert tail.finish_reason == "abort"
-    # verl's own extra_fields and other fields come back unchanged ...
+    # verl's own extra_fields (raw_prompt, reward_extra_info, tool_rewards ...) and other
+    # fields come back unchanged ...
     assert trajectory.extras == (row["extra_fields"],)
-    assert trajectory.fields[0]["num_turns"] == 5 and not trajectory.dew
+    assert trajectory.extras[0]["reward_extra_info"] == {"acc": 1.0}
+    assert trajectory.fields[0]["num_turns"] == 4 and not trajectory.dew
     # ... and the row is written back exactly
     (again,) = verl.to_verl([trajectory])
     _same(again, row)
+
+
+def test_a_trailing_observation_becomes_an_empty_call(recorded: dict[str, Any]) -> None:
+    row = copy.deepcopy(recorded["rows"]["tool_loop"])
+    row["response_ids"] += [7, 8, 9]
+    row["response_mask"] += [0, 0, 0]
+    row["response_logprobs"] += [0.0, 0.0, 0.0]
+    (trajectory,) = verl.from_verl([row])
+    last = trajectory.session.calls[-1]
+    assert last.sampled_ids.size == 0 and last.finish_reason == "abort"
+    assert last.prompt_ids.tolist() == row["prompt_ids"] + row["response_ids"]
+    (again,) = verl.to_verl([trajectory])
+    _same(again, row)
+    batch = pack([trajectory.session], width=len(last.prompt_ids))
+    assert batch["input_ids"][0].tolist() == last.prompt_ids.tolist()
 
 
 def test_media_rows_refused_unless_asked(recorded: dict[str, Any]) -> None:
@@ -115,7 +145,7 @@ def test_media_rows_refused_unless_asked(recorded: dict[str, Any]) -> None:
 def test_packing_matches_verl_tensor_mapping(recorded: dict[str, Any]) -> None:
     row, t = recorded["rows"]["tool_loop"], recorded["tensors"]
     (trajectory,) = verl.from_verl([row])
-    batch = pack([trajectory.session], width=40)
+    batch = pack([trajectory.session], width=len(row["prompt_ids"]) + len(row["response_ids"]))
     segment = batch["text_segment_ids"][0] == 1
     n_prompt = len(row["prompt_ids"])
     # verl's padded batch: left-padded prompt, right-padded response, attention on real ids
@@ -171,10 +201,10 @@ def test_samples_group_rows_the_way_verl_repeats_prompts(recorded: dict[str, Any
             r"rows\[0\]\.extra_fields\.min_global_steps: expected the policy version",
         ),
         (lambda r: r.update(reward_score=None), r"rows\[0\]\.reward_score: expected the"),
-        (lambda r: r.update(response_mask=[1, 0]), r"rows\[0\]\.response_mask: expected 18 flags"),
+        (lambda r: r.update(response_mask=[1, 0]), r"rows\[0\]\.response_mask: expected 103 flags"),
         (
             lambda r: r.update(routed_experts=r["routed_experts"][:12]),
-            r"rows\[0\]\.routed_experts: covers 12 ids, but the call sampled up to id 17",
+            r"rows\[0\]\.routed_experts: covers 12 ids, but the call sampled up to id 5\d\d",
         ),
     ],
 )

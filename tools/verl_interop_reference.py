@@ -13,14 +13,18 @@ What it writes to ``tests/fixtures/verl_interop/``:
   question/answer parquet files, the layout of the Hub's ``openai/gsm8k``), so nothing is
   downloaded.
 * ``rows.json`` + ``arrays.npz``: two ``verl.experimental.agent_loop.agent_loop.AgentLoopOutput``
-  rows, built with verl's class and dumped with its ``model_dump()``; arrays (routed experts,
+  rows, dumped with verl's own ``model_dump()``; arrays (routed experts,
   video frames and the processor output) are stored in ``arrays.npz`` and referenced from the
   JSON as ``{"__array__": key}``:
 
-  - ``tool_loop``: a two-call tool loop as ``ToolAgentLoop`` lays it out (prompt, sampled ids,
-    a tool response with mask 0 and log-prob 0.0, sampled ids, a last tool response), with the
-    engine's ``routed_experts`` over prompt + ids up to the last sampled id, and the versions
-    in ``extra_fields`` (``min_global_steps``/``max_global_steps``);
+  - ``tool_loop``: verl's own ``ToolAgentLoop.run`` on the first gsm8k parquet row (its
+    messages and ``tools_kwargs``), with verl's hermes tool parser and Qwen3's real chat
+    template (``tests/fixtures/chat_templates/qwen3.jinja``) on a small BPE tokenizer trained
+    here. The model is a scripted stand-in for verl's LLM server client: two replies (a
+    ``calc_gsm8k_reward`` tool call, then the answer), each with log-probs, routed experts over
+    prompt + reply, and the policy version in ``extra_fields``. The tool scores with verl's
+    ``verl.utils.reward_score.gsm8k``; ``AgentLoopWorker._agent_loop_postprocess`` then adds
+    ``raw_prompt`` and the reward (a stand-in reward-loop handle running the same scorer);
   - ``video``: a video turn whose ``mm_processor_output`` is what
     ``AgentLoopBase.build_sglang_video_payload`` returns for the video and its processor
     output. The processor output (``pixel_values_videos``, ``video_grid_thw``) is built here
@@ -56,15 +60,25 @@ import pyarrow.parquet as pq
 import torch
 import verl
 import verl.experimental.agent_loop.agent_loop as agent_loop
+import verl.experimental.agent_loop.tool_agent_loop as tool_agent_loop
+from omegaconf import OmegaConf
 from reference_wheel import atomic_write, source_sha256, wheel_sha256
-from tokenizers import Tokenizer, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
     AgentLoopOutput,
     AgentLoopWorker,
+    DictConfigWrap,
+    ToolListWrap,
 )
+from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.utils.reward_score import gsm8k
+from verl.workers.rollout.replica import TokenOutput
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "verl_interop"
@@ -72,9 +86,26 @@ SCRIPT = ROOT / "tools" / "reference" / "verl_gsm8k_tool_agent_loop.py.txt"
 SCRIPT_COMMIT = "b178a3cd56f58b2d502255daba591e92833930a7"  # last changed in dfa3933a
 VERL_VERSION = "0.9.1"
 SEED = 20261130
-PROMPT_LENGTH = 32
-RESPONSE_LENGTH = 32
-PAD_ID = 0
+TEMPLATE = ROOT / "tests" / "fixtures" / "chat_templates" / "qwen3.jinja"
+PROMPT_LENGTH = 512
+RESPONSE_LENGTH = 160
+REPLIES = [
+    "<think>\nAnn has 3 apples and buys 4 more, so 3 + 4 = 7.\n</think>\n\n"
+    '<tool_call>\n{"name": "calc_gsm8k_reward", "arguments": {"answer": "7"}}\n</tool_call><|im_end|>',
+    "<think>\nThe tool agrees.\n</think>\n\n3 + 4 = 7\n#### 7<|im_end|>",
+]
+TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calc_gsm8k_reward",
+        "description": "A tool for calculating the reward of gsm8k",
+        "parameters": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "The model's answer"}},
+            "required": ["answer"],
+        },
+    },
+}
 
 QUESTIONS = [
     (
@@ -123,36 +154,136 @@ def gsm8k_parquet(workdir: Path) -> Path:
 # ---------------------------------------------------------------- AgentLoopOutput rows
 
 
-def tool_loop_row(rng: np.random.Generator) -> AgentLoopOutput:
-    """Prompt, call 1, tool response, call 2, a last tool response (ToolAgentLoop's layout)."""
-    prompt = rng.integers(10, 90, 11).tolist()
-    call_1, tool_1 = rng.integers(10, 90, 6).tolist(), rng.integers(10, 90, 5).tolist()
-    call_2, tool_2 = rng.integers(10, 90, 4).tolist(), rng.integers(10, 90, 3).tolist()
-    response = call_1 + tool_1 + call_2 + tool_2
-    mask = [1] * 6 + [0] * 5 + [1] * 4 + [0] * 3
-    logprobs = [round(float(-abs(x)), 6) for x in rng.normal(0.8, 0.5, len(response))]
-    logprobs = [lp if m else 0.0 for lp, m in zip(logprobs, mask)]
-    # the engine's last generation recorded prompt + every id up to its last sampled id
-    covered = len(prompt) + 6 + 5 + 4
-    routed = rng.integers(0, 8, (covered, 2, 2)).astype(np.int32)
-    return AgentLoopOutput(
-        prompt_ids=prompt,
-        response_ids=response,
-        response_mask=mask,
-        response_logprobs=logprobs,
-        routed_experts=routed,
-        multi_modal_data={},
-        reward_score=1.0,
-        num_turns=5,
-        metrics=AgentLoopMetrics(generate_sequences=0.25, tool_calls=0.5, num_preempted=0),
-        extra_fields={
-            "min_global_steps": 3,
-            "max_global_steps": 4,
-            "turn_scores": [],
-            "tool_rewards": [0.0, 1.0],
-        },
-        mm_processor_kwargs={},
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """A small byte-level BPE with Qwen3's special tokens and its real chat template."""
+    template = TEMPLATE.read_text()
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    special += ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [template, *(q + " " + a for q, a in QUESTIONS), *REPLIES] * 3
+    trainer = trainers.BpeTrainer(
+        vocab_size=800,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
+    tok.train_from_iterator(corpus, trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=special[3:],
+    )
+    hf.chat_template = template
+    return hf
+
+
+class CalcGsm8kReward(BaseTool):
+    """The gsm8k example's ``calc_gsm8k_reward`` tool: verl's own gsm8k scorer on the answer."""
+
+    async def create(
+        self, instance_id: str | None = None, **kwargs: Any
+    ) -> tuple[str, ToolResponse]:
+        self.ground_truth = kwargs.get("create_kwargs", {}).get("ground_truth")
+        return instance_id or "calc-0", ToolResponse()
+
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[ToolResponse, float, dict]:
+        answer = str(parameters.get("answer", ""))
+        reward = float(gsm8k.compute_score("#### " + answer, self.ground_truth, method="flexible"))
+        return ToolResponse(text=f"Current parsed answer={answer!r} reward={reward}"), reward, {}
+
+
+class ScriptedServer:
+    """Stands in for verl's LLM server client: each generate() returns the next scripted reply,
+    tokenized, with log-probs, routed experts over prompt + reply, and the policy version."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, rng: np.random.Generator) -> None:
+        self.tokenizer, self.rng, self.calls = tokenizer, rng, 0
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ) -> TokenOutput:
+        ids = self.tokenizer.encode(REPLIES[self.calls], add_special_tokens=False)
+        self.calls += 1
+        version = 2 + self.calls
+        logprobs = [round(float(-abs(x)), 6) for x in self.rng.normal(0.6, 0.4, len(ids))]
+        routed = self.rng.integers(0, 8, (len(prompt_ids) + len(ids), 2, 2)).astype(np.int32)
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=logprobs,
+            routed_experts=routed,
+            stop_reason="completed",
+            extra_fields={"min_global_steps": version, "max_global_steps": version},
+        )
+
+
+class RewardHandle:
+    """Stands in for a reward-loop worker's Ray handle: verl's gsm8k scorer on the response."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerFast, ground_truth: str) -> None:
+        self.compute_score = SimpleNamespace(remote=self._score)
+        self.tokenizer, self.ground_truth = tokenizer, ground_truth
+
+    async def _score(self, data: Any) -> dict[str, Any]:
+        text = self.tokenizer.decode(data.batch["responses"][-1].tolist())
+        score = float(gsm8k.compute_score(text, self.ground_truth))
+        return {"reward_score": score, "reward_extra_info": {"acc": score}}
+
+
+def tool_loop_row(
+    tokenizer: PreTrainedTokenizerFast, row: dict[str, Any], rng: np.random.Generator
+) -> tuple[AgentLoopOutput, dict[str, np.ndarray]]:
+    """verl's ToolAgentLoop on a gsm8k parquet row, scored and post-processed by verl's worker.
+
+    Returns the ``AgentLoopOutput`` (after the worker's post-processing, which adds
+    ``raw_prompt``, the reward and ``reward_extra_info``) and verl's padded batch of it.
+    """
+    config = OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {
+                    "prompt_length": PROMPT_LENGTH,
+                    "response_length": RESPONSE_LENGTH,
+                    "full_determinism": True,
+                    "multi_turn": {
+                        "max_user_turns": 2,
+                        "max_assistant_turns": 2,
+                        "max_parallel_calls": 1,
+                        "max_tool_response_length": 256,
+                        "tool_response_truncate_side": "middle",
+                        "format": "hermes",
+                    },
+                }
+            }
+        }
+    )
+    tool = CalcGsm8kReward({}, OpenAIFunctionToolSchema.model_validate(TOOL_SCHEMA))
+    loop = ToolAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=ScriptedServer(tokenizer, rng),
+        tokenizer=tokenizer,
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(OmegaConf.create({})),
+        tools=ToolListWrap([tool]),
+        hf_model_type="qwen3",
+    )
+    messages = [dict(m) for m in row["prompt"]]
+    tools_kwargs = row["extra_info"]["tools_kwargs"]
+    output = loop.loop.run_until_complete(
+        loop.run({"temperature": 1.0}, raw_prompt=messages, tools_kwargs=tools_kwargs)
+    )
+    w = worker(tokenizer)
+    w.reward_loop_worker_handles = [RewardHandle(tokenizer, row["reward_model"]["ground_truth"])]
+    internal = loop.loop.run_until_complete(
+        w._agent_loop_postprocess(output, False, raw_prompt=messages)
+    )
+    proto = w._postprocess([internal])
+    return output, {key: value.numpy() for key, value in proto.batch.items()}
 
 
 def video_row(rng: np.random.Generator) -> AgentLoopOutput:
@@ -190,18 +321,10 @@ def video_row(rng: np.random.Generator) -> AgentLoopOutput:
     )
 
 
-def pad_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer whose only job is ``pad`` (verl pads ids with it)."""
-    vocab = {"<pad>": PAD_ID, **{f"t{i}": i for i in range(1, 152000)}}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, "<pad>")), pad_token="<pad>"
-    )
-
-
-def worker() -> AgentLoopWorker:
+def worker(tokenizer: PreTrainedTokenizerFast) -> AgentLoopWorker:
     """An AgentLoopWorker with just what its post-processing reads (no Ray, no servers)."""
     self = AgentLoopWorker.__new__(AgentLoopWorker)
-    self.tokenizer = pad_tokenizer()
+    self.tokenizer = tokenizer
     self.processor = None
     self.rollout_config = SimpleNamespace(
         prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH
@@ -211,9 +334,11 @@ def worker() -> AgentLoopWorker:
     return self
 
 
-def batch_tensors(output: AgentLoopOutput) -> dict[str, np.ndarray]:
+def batch_tensors(
+    output: AgentLoopOutput, tokenizer: PreTrainedTokenizerFast
+) -> dict[str, np.ndarray]:
     """verl's padded one-row batch for ``output`` (post-processing, then ``_postprocess``)."""
-    w = worker()
+    w = worker(tokenizer)
     copy = AgentLoopOutput(**output.model_dump())
     internal = asyncio.run(w._agent_loop_postprocess(copy, False, raw_prompt=[]))
     proto = w._postprocess([internal])
@@ -252,16 +377,22 @@ def main() -> None:
         data = parquet.read_bytes()
     atomic_write(args.out / "gsm8k_tool_agent.parquet", lambda p: Path(p).write_bytes(data))
 
-    outputs = {"tool_loop": tool_loop_row(rng), "video": video_row(rng)}
+    tokenizer = chat_tokenizer()
+    tool_loop, tool_batch = tool_loop_row(tokenizer, table.to_pylist()[0], rng)
+    video = video_row(rng)
+    outputs = {
+        "tool_loop": (tool_loop, tool_batch),
+        "video": (video, batch_tensors(video, tokenizer)),
+    }
     arrays: dict[str, np.ndarray] = {}
     rows = {}
     tensors: dict[str, np.ndarray] = {}
-    for name, output in outputs.items():
+    for name, (output, batch) in outputs.items():
         rows[name] = encode(output.model_dump(), arrays, name)
         for key, value in output.as_dict().items():
             if isinstance(value, torch.Tensor):
                 tensors[f"{name}__as_dict__{key}"] = value.numpy()
-        for key, value in batch_tensors(output).items():
+        for key, value in batch.items():
             tensors[f"{name}__batch__{key}"] = value
         print(
             f"{name}: {len(output.prompt_ids)} prompt ids, {len(output.response_ids)} response ids"
@@ -276,7 +407,7 @@ def main() -> None:
         "version": VERL_VERSION,
         "wheel": f"verl-{VERL_VERSION}-py3-none-any.whl",
         "wheel_sha256": wheel_sha256("verl", VERL_VERSION, args.wheel_sha256),
-        "source_sha256": source_sha256((agent_loop,), verl),
+        "source_sha256": source_sha256((agent_loop, tool_agent_loop, gsm8k), verl),
         "preprocess_script": {
             "upstream": "volcengine/verl examples/data_preprocess/gsm8k_tool_agent_loop.py",
             "commit": SCRIPT_COMMIT,
@@ -288,10 +419,12 @@ def main() -> None:
         "seed": SEED,
         "prompt_length": PROMPT_LENGTH,
         "response_length": RESPONSE_LENGTH,
-        "pad_id": PAD_ID,
+        "tokenizer": "byte-level BPE trained in the recorder, Qwen3 special tokens and chat template",
         "rows": {
-            "tool_loop": "AgentLoopOutput, ToolAgentLoop layout, routed experts over prompt + ids "
-            "up to the last sampled id",
+            "tool_loop": "ToolAgentLoop.run on gsm8k parquet row 0 (hermes parser, Qwen3 template, "
+            "scripted server replies with log-probs, routed experts and versions), then "
+            "AgentLoopWorker._agent_loop_postprocess with a reward handle running "
+            "verl.utils.reward_score.gsm8k",
             "video": "AgentLoopOutput with multi_modal_data videos, mm_processor_kwargs and "
             "mm_processor_output from AgentLoopBase.build_sglang_video_payload; processor output "
             "built in Qwen2-VL's patch layout (no torchvision in the reference env)",
