@@ -39,6 +39,10 @@ What it writes to ``tests/fixtures/verl_interop/``:
   ``rollout_log_probs``, ``routed_experts``, ``rm_scores``).
 * ``verl_interop.json``: package, version, wheel sha256, the sha256 of the verl sources used,
   the upstream commit of the preprocessing script, torch version and the padding lengths.
+
+``--check ROWS.pkl`` instead feeds rows Dew's ``to_verl`` wrote (a pickled list) through verl's
+``AgentLoopOutput``, its ``as_dict()`` and the worker's post-processing, and checks that verl's
+tensors hold every id and mask.
 """
 
 from __future__ import annotations
@@ -326,6 +330,7 @@ def worker(tokenizer: PreTrainedTokenizerFast) -> AgentLoopWorker:
     self = AgentLoopWorker.__new__(AgentLoopWorker)
     self.tokenizer = tokenizer
     self.processor = None
+    self.mm_processor_kwargs = {}
     self.rollout_config = SimpleNamespace(
         prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH
     )
@@ -362,11 +367,39 @@ def encode(value: Any, arrays: dict[str, np.ndarray], key: str) -> Any:
     return value
 
 
+def check_rows(path: Path) -> None:
+    """Feed rows Dew wrote (a pickled list of ``to_verl`` dicts) through verl's own code."""
+    import pickle
+
+    rows = pickle.loads(path.read_bytes())  # a file the caller wrote with to_verl
+    tokenizer = chat_tokenizer()
+    for index, row in enumerate(rows):
+        tensors = AgentLoopOutput(**row).as_dict()
+        batch = batch_tensors(AgentLoopOutput(**row), tokenizer)
+        real = batch["attention_mask"][0].astype(bool)
+        kept = (
+            tensors["prompts"].tolist() == list(row["prompt_ids"])
+            and tensors["responses"].tolist() == list(row["response_ids"])
+            and batch["input_ids"][0][real].tolist() == [*row["prompt_ids"], *row["response_ids"]]
+            and batch["response_mask"][0][: len(row["response_mask"])].tolist()
+            == row["response_mask"]
+        )
+        print(
+            f"row {index}: AgentLoopOutput, as_dict and post-processing accept it; ids kept: {kept}"
+        )
+        if not kept:
+            sys.exit(f"row {index}: verl's tensors do not hold the row's ids")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--wheel-sha256", default=None)
+    parser.add_argument("--check", type=Path, default=None, help="pickled to_verl rows to check")
     args = parser.parse_args()
+    if args.check is not None:
+        check_rows(args.check)
+        return
     if verl.__version__ != VERL_VERSION:
         sys.exit(f"expected verl {VERL_VERSION}, found {verl.__version__}")
     rng = np.random.default_rng(SEED)
