@@ -1,7 +1,7 @@
 """A training process for the multi-process and SIGKILL tests (run as a script).
 
 usage: _train_worker.py OUT_NPZ STEPS [--run-dir DIR] [--checkpoint-every N]
-                        [--process-id I --processes P --port PORT --devices D] [--sleep S]
+                        [--process-id I --processes P --port PORT --devices D] [--sleep S] [--fsdp]
 
 Trains a tiny decoder with LMObjective on deterministic batches (global batch 8, each process
 reading its own rows) and writes the final train state leaves to OUT_NPZ from process 0.
@@ -29,6 +29,7 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--microbatches", type=int, default=1)
+    p.add_argument("--fsdp", action="store_true")
     args = p.parse_args()
 
     import jax
@@ -83,6 +84,7 @@ def main() -> None:
         key=jax.random.key(11),
         checkpoint_every=args.checkpoint_every,
         microbatches=args.microbatches,
+        fsdp=args.fsdp,
     )
     state = trainer.fit(Dataset(train=train, batch=rows), steps=args.steps, run_dir=args.run_dir,
                         log_every=1)  # fmt: skip

@@ -165,7 +165,9 @@ def test_corrupt_checkpoint_is_skipped(model, tmp_path):
     Trainer(obj, optax.sgd(0.1), key=jax.random.key(1), checkpoint_every=1).fit(
         batches(5), steps=3, run_dir=run
     )
-    newest = run / "checkpoints" / "step_00000003" / "state.npz"
+    state_dir = run / "checkpoints" / "step_00000003" / "state"
+    # the largest file holds array data: one flipped byte there must not pass unnoticed
+    newest = max((p for p in state_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(newest.read_bytes())
     data[len(data) // 2] ^= 0xFF
     newest.write_bytes(bytes(data))
@@ -175,6 +177,7 @@ def test_corrupt_checkpoint_is_skipped(model, tmp_path):
     assert restored is not None and restored.step == 2
     text = " ".join(str(w.message) for w in caught)
     assert "step_00000003" in text and "checksum" in text and "step_00000004" in text
+    assert newest.relative_to(state_dir.parent).as_posix() in text
     with pytest.warns(RuntimeWarning) as caught:
         state = Trainer(obj, optax.sgd(0.1), key=jax.random.key(1)).fit(
             batches(5), steps=4, run_dir=run

@@ -42,7 +42,7 @@ def leaves(path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def two_processes(out, steps: str, run_dir) -> None:
+def two_processes(out, steps: str, run_dir, *extra: str) -> None:
     port = free_port()
     procs = [
         subprocess.Popen(
@@ -61,6 +61,7 @@ def two_processes(out, steps: str, run_dir) -> None:
                 str(port),
                 "--run-dir",
                 str(run_dir),
+                *extra,
             ],
             env=env(),
             stdout=subprocess.PIPE,
@@ -77,11 +78,17 @@ def two_processes(out, steps: str, run_dir) -> None:
 
 def test_two_processes_match_one(tmp_path):
     """Two processes of two devices each train on the global batch of one process of four,
-    and resume together from the checkpoint they wrote."""
+    with parameters and optimizer state sharded over the four devices (FSDP), and resume
+    together from the checkpoint they wrote, each process having written its own shards."""
     run([str(tmp_path / "single.npz"), "3", "--devices", "4"])
-    two_processes(tmp_path / "multi.npz", "2", tmp_path / "run")
-    assert (tmp_path / "run" / "checkpoints" / "step_00000002" / "meta.json").exists()
-    two_processes(tmp_path / "multi.npz", "3", tmp_path / "run")  # resumes at step 2
+    two_processes(tmp_path / "multi.npz", "2", tmp_path / "run", "--fsdp")
+    saved = tmp_path / "run" / "checkpoints" / "step_00000002"
+    meta = json.loads((saved / "meta.json").read_text())
+    assert meta["format"] == 2 and meta["processes"] == 2
+    for p in (0, 1):  # orbax's per-process stores: each process wrote the shards it holds
+        written = [n for n in meta["sha256"] if n.startswith(f"state/ocdbt.process_{p}/d/")]
+        assert written, sorted(meta["sha256"])
+    two_processes(tmp_path / "multi.npz", "3", tmp_path / "run", "--fsdp")  # resumes at step 2
     steps = [json.loads(x)["step"] for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert steps == [1, 2, 3]
     single, multi = leaves(tmp_path / "single.npz"), leaves(tmp_path / "multi.npz")

@@ -1,58 +1,67 @@
-"""Checkpoints of a TrainState plus the data position, written atomically and verified on read.
+"""Checkpoints of a TrainState plus the data position, written by every process through orbax.
 
-Layout: ``run_dir/checkpoints/step_<8 digits>/`` holds ``state.npz`` (every leaf of the state
-pytree, in flattening order, as a plain numpy array; PRNG keys as their key data) and
-``meta.json`` (step, data position, leaf count, dtypes and shapes, the SHA-256 of
-``state.npz`` and any extra fields the caller adds).
+Layout: ``run_dir/checkpoints/step_<8 digits>/`` holds ``state/`` (an orbax-checkpoint
+PyTree directory: the state's leaves as ``leaf_00000``, ``leaf_00001``, ... in flattening
+order, PRNG keys as their key data) and ``meta.json`` (format 2: step, data position, leaf
+count, dtypes and shapes, the key implementations, the SHA-256 of every file under
+``state/`` and the caller's extra fields).
 
-Writing: both files go into a temporary directory beside the final one, each is fsynced, the
-directory is fsynced, then ``os.replace`` moves it to its final name and the parent directory
-is fsynced. A crash at any point leaves either the complete old checkpoints or a ``.tmp-*``
-directory that readers ignore and the next save removes. Only the last ``keep`` checkpoints
-are kept.
+Writing (every process calls ``save``): orbax writes each process's own shards of every
+array (a replicated array once), so nothing is gathered onto a process; the run directory
+must be on a filesystem every process sees. All of it goes into ``.tmp-step_<N>`` beside the
+final directory. Then every file is fsynced and hashed, the processes sharing the hashing,
+and process 0 writes ``meta.json`` last, fsyncs, and renames the directory to ``step_<N>``
+(``os.replace``) before fsyncing the parent. A process killed at any moment leaves the
+complete older checkpoints and at most a ``.tmp-*`` directory that readers ignore and the
+next save removes. Only the newest ``keep`` checkpoints are kept.
 
-Reading: the newest checkpoint whose ``meta.json`` parses, whose ``state.npz`` hashes to the
-recorded digest and whose leaves match the expected structure is used; each one skipped is
-reported with a ``warnings.warn`` naming it and the reason.
+Reading: the newest checkpoint whose ``meta.json`` parses, whose files all hash to their
+recorded digests and whose leaf count matches is used; each one skipped is reported with a
+``warnings.warn`` naming it and the reason (the files that differ, for corruption). All
+processes agree on the choice. Format-1 checkpoints (one ``state.npz``, written by Dew
+0.1) are still read, see ``dew.trainer.checkpoint_npz``; every save writes format 2.
 
-Why not orbax-checkpoint (yet): the whole-file digest with fallback to the previous good step
-and the bit-exact round trip of every leaf (PRNG keys included) are pinned by tests written
-against this format. The price, measured by ``tools/bench/bench_checkpoint.py`` and quoted in
-the distribution's README: on a 100M-parameter FSDP state orbax saves and restores several
-times faster and without gathering the state into host memory, and a multi-host run here
-gathers FSDP shards to every process before writing (``process_allgather``).
+Restoring places each leaf straight onto the shardings the Trainer asks for (orbax reads only
+the slices each device needs), so a run may resume on another device count; the values are
+the saved bits exactly.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import re
 import shutil
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-FORMAT = 1
+from dew.trainer import checkpoint_files as files
+from dew.trainer import checkpoint_npz
+
+FORMAT = 2
+STATE = "state"
 _STEP_DIR = re.compile(r"^step_(\d{8,})$")
 
 
 @dataclass(frozen=True)
 class Restored:
-    """A checkpoint read back: the host leaves, the step and the data position."""
+    """A verified checkpoint: its directory, step, data position and ``meta.json``.
+
+    ``leaves`` holds the host arrays of a format-1 checkpoint (read while verifying it); a
+    format-2 one is read by ``restore_into`` straight onto the devices.
+    """
 
     path: str
     step: int
     position: int
-    leaves: list[np.ndarray]
     meta: dict[str, Any]
+    leaves: list[np.ndarray] | None = field(default=None, repr=False)
 
 
 def _is_key(x: Any) -> bool:
@@ -72,27 +81,12 @@ def to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def checkpoint_dir(run_dir: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(run_dir), "checkpoints")
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, str]]:
-    """``(step, path)`` of every complete-looking checkpoint directory, oldest first."""
+    """``(step, path)`` of every published checkpoint directory, oldest first."""
     root = checkpoint_dir(run_dir)
     if not os.path.isdir(root):
         return []
@@ -104,6 +98,19 @@ def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _storable(x: Any) -> Any:
+    """What orbax writes for one leaf: key data for a PRNG key, numpy for a host value."""
+    if _is_key(x):
+        return jax.random.key_data(x)
+    return x if isinstance(x, jax.Array) else np.asarray(x)
+
+
+def _checkpointer() -> Any:
+    import orbax.checkpoint as ocp  # imported on first use: it takes seconds
+
+    return ocp.Checkpointer(ocp.StandardCheckpointHandler())
+
+
 def save(
     run_dir: str | os.PathLike[str],
     state: Any,
@@ -112,130 +119,179 @@ def save(
     position: int,
     keep: int = 3,
     extra: dict[str, Any] | None = None,
-    write: bool = True,
-) -> str | None:
-    """Write ``state`` as the checkpoint of ``step``; return its path (``None`` if not writing).
+) -> str:
+    """Write ``state`` as the checkpoint of ``step`` and return its path.
 
-    Every process must call this (sharded leaves are gathered collectively); only the one with
-    ``write=True`` (process 0) touches the disk.
+    A collective: every process of the run calls it with the same arguments, and each writes
+    the shards it holds. ``position`` is the number of batches the data stream has given.
     """
+    root = os.path.abspath(checkpoint_dir(run_dir))
+    name = f"step_{int(step):08d}"
+    final = os.path.join(root, name)
+    tmp = os.path.join(root, f".tmp-{name}")
+    lead = jax.process_index() == 0
+    if lead:
+        os.makedirs(root, exist_ok=True)
+        for old in os.listdir(root):
+            if old.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+        os.makedirs(tmp)
+    files.barrier(f"dew-checkpoint-start-{step}")
     leaves = jax.tree_util.tree_leaves(state)
-    host = [to_host(x) for x in leaves]
-    keys = [i for i, x in enumerate(leaves) if _is_key(x)]
-    if not write:
-        return None
-    root = checkpoint_dir(run_dir)
-    os.makedirs(root, exist_ok=True)
-    for name in os.listdir(root):
-        if name.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    buf = io.BytesIO()
-    arrays: dict[str, Any] = {f"leaf_{i:05d}": a for i, a in enumerate(host)}
-    np.savez(buf, **arrays)
-    payload = buf.getvalue()
-    meta = {
-        "format": FORMAT,
-        "step": int(step),
-        "position": int(position),
-        "leaves": len(host),
-        "dtypes": [str(a.dtype) for a in host],
-        "shapes": [list(a.shape) for a in host],
-        "keys": {str(i): str(jax.random.key_impl(leaves[i])) for i in keys},
-        "sha256": {"state.npz": hashlib.sha256(payload).hexdigest()},
-        "extra": extra or {},
-    }
-    final = os.path.join(root, f"step_{int(step):08d}")
-    tmp = os.path.join(root, f".tmp-step_{int(step):08d}-{uuid.uuid4().hex}")
-    os.makedirs(tmp)
-    _write_file(os.path.join(tmp, "state.npz"), payload)
-    _write_file(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
-    _fsync_dir(tmp)
-    if os.path.exists(final):  # the same step saved again (a resumed run): swap it out
-        old = os.path.join(root, f".tmp-old-{uuid.uuid4().hex}")
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(root)
-    for _, path in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(path, ignore_errors=True)
+    tree = {f"leaf_{i:05d}": _storable(x) for i, x in enumerate(leaves)}
+    keys = [(i, x) for i, x in enumerate(leaves) if _is_key(x)]
+    import orbax.checkpoint as ocp
+
+    with _checkpointer() as checkpointer:
+        checkpointer.save(os.path.join(tmp, STATE), args=ocp.args.StandardSave(tree))
+    state_dir = os.path.join(tmp, STATE)
+    names = files.listing(state_dir)
+    digests = files.shared_digests(state_dir, names)
+    if lead:
+        files.sync_tree(state_dir)
+        meta = {
+            "format": FORMAT,
+            "step": int(step),
+            "position": int(position),
+            "leaves": len(leaves),
+            "dtypes": [str(a.dtype) for a in tree.values()],
+            "shapes": [list(a.shape) for a in tree.values()],
+            "keys": {str(i): str(jax.random.key_impl(x)) for i, x in keys},
+            "sha256": {f"{STATE}/{n}": d for n, d in zip(names, digests, strict=True)},
+            "processes": jax.process_count(),
+            "extra": extra or {},
+        }
+        files.write_file(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+        files.fsync_dir(tmp)
+        if os.path.exists(final):  # the same step saved again (a resumed run): swap it out
+            old = os.path.join(root, f".tmp-old-{uuid.uuid4().hex}")
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        files.fsync_dir(root)
+        for _, path in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(path, ignore_errors=True)
+    files.barrier(f"dew-checkpoint-done-{step}")
     return final
 
 
-def _read(path: str, expected_leaves: int | None) -> Restored:
+def _read_meta(path: str) -> dict[str, Any]:
     try:
         with open(os.path.join(path, "meta.json"), "rb") as f:
             meta = json.loads(f.read())
     except (OSError, ValueError) as err:
         raise ValueError(f"meta.json unreadable ({err})") from err
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"format {meta.get('format')!r}, expected {FORMAT}")
+    if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, checkpoint_npz.FORMAT):
+        got = meta.get("format") if isinstance(meta, dict) else meta
+        raise ValueError(f"meta.json: format {got!r}, expected {FORMAT} (or 1, read only)")
+    for key in ("step", "position", "leaves", "dtypes", "shapes", "keys", "sha256"):
+        if key not in meta:
+            raise ValueError(f"meta.json: no {key!r} field")
+    return meta
+
+
+def _verify(path: str, expected_leaves: int | None) -> Restored:
+    """Check one step directory on every process; raise ``ValueError`` with the reason."""
     try:
-        with open(os.path.join(path, "state.npz"), "rb") as f:
-            payload = f.read()
-    except OSError as err:
-        raise ValueError(f"state.npz unreadable ({err})") from err
-    digest = hashlib.sha256(payload).hexdigest()
-    if digest != meta["sha256"]["state.npz"]:
-        raise ValueError(
-            f"state.npz checksum {digest[:12]} != recorded {meta['sha256']['state.npz'][:12]}"
-        )
+        meta: dict[str, Any] | None = _read_meta(path)
+        reason = None
+    except ValueError as err:
+        meta, reason = None, str(err)
+    if not files.agree(meta is not None):
+        raise ValueError(reason or "meta.json unreadable on another process")
+    assert meta is not None
     n = int(meta["leaves"])
     if expected_leaves is not None and n != expected_leaves:
         raise ValueError(f"holds {n} leaves, the train state has {expected_leaves}")
-    with np.load(io.BytesIO(payload)) as z:
-        leaves = [z[f"leaf_{i:05d}"] for i in range(n)]
-    return Restored(path, int(meta["step"]), int(meta["position"]), leaves, meta)
+    if meta["format"] == checkpoint_npz.FORMAT:
+        leaves, reason = None, None
+        try:
+            leaves = checkpoint_npz.read_leaves(path, meta)
+        except (ValueError, KeyError, OSError) as err:
+            reason = str(err)
+        if not files.agree(reason is None):
+            raise ValueError(reason or "state.npz unreadable on another process")
+        return Restored(path, int(meta["step"]), int(meta["position"]), meta, leaves)
+    bad = files.shared_check(path, meta["sha256"])
+    if bad:
+        shown = ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        raise ValueError(f"checksum mismatch or missing file: {shown}")
+    return Restored(path, int(meta["step"]), int(meta["position"]), meta)
 
 
 def latest(run_dir: str | os.PathLike[str], expected_leaves: int | None = None) -> Restored | None:
-    """The newest valid checkpoint in ``run_dir``; invalid ones are skipped with a warning."""
+    """The newest valid checkpoint in ``run_dir``; invalid ones are skipped with a warning.
+
+    A collective on a multi-process run: every process verifies its share of the files and
+    all of them return the same checkpoint.
+    """
     for _, path in reversed(list_checkpoints(run_dir)):
         try:
-            return _read(path, expected_leaves)
+            return _verify(path, expected_leaves)
         except (ValueError, KeyError, OSError) as err:
             warnings.warn(f"skipping checkpoint {path}: {err}", RuntimeWarning, stacklevel=2)
     return None
 
 
+def _data_sharding(s: jax.sharding.Sharding) -> jax.sharding.Sharding:
+    # key data has one trailing axis more than the key; keys are replicated here.
+    if isinstance(s, jax.sharding.NamedSharding):
+        return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
+    return s
+
+
 def restore_into(template: Any, shardings: Any, restored: Restored) -> Any:
-    """Rebuild a state shaped like ``template`` from ``restored``, placed with ``shardings``."""
+    """Rebuild a state shaped like ``template`` from ``restored``, placed with ``shardings``.
+
+    A collective on a multi-process run. Raises ``ValueError`` naming the checkpoint and the
+    leaf when a shape or dtype differs from the template's.
+    """
     t_leaves, treedef = jax.tree_util.tree_flatten(template)
     s_leaves = jax.tree_util.tree_leaves(
         shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
     )
     if len(s_leaves) != len(t_leaves):
         raise ValueError(f"{len(s_leaves)} shardings for {len(t_leaves)} state leaves")
-    out = []
-    for i, (t, s, h) in enumerate(zip(t_leaves, s_leaves, restored.leaves, strict=True)):
-        key_impl = restored.meta["keys"].get(str(i))
-        want_shape = tuple(jax.random.key_data(t).shape) if _is_key(t) else tuple(t.shape)
-        if tuple(h.shape) != want_shape:
+    meta = restored.meta
+    if int(meta["leaves"]) != len(t_leaves):
+        raise ValueError(
+            f"checkpoint {restored.path}: holds {meta['leaves']} leaves, the train state has "
+            f"{len(t_leaves)}"
+        )
+    targets = []
+    for i, (t, s) in enumerate(zip(t_leaves, s_leaves, strict=True)):
+        is_key = str(i) in meta["keys"]
+        want_shape = tuple(jax.random.key_data(t).shape) if _is_key(t) else tuple(np.shape(t))
+        shape, dtype = tuple(meta["shapes"][i]), np.dtype(meta["dtypes"][i])
+        if shape != want_shape:
             raise ValueError(
-                f"checkpoint {restored.path}: leaf {i} has shape {h.shape}, state expects {want_shape}"
+                f"checkpoint {restored.path}: leaf {i} has shape {shape}, state expects "
+                f"{want_shape}"
             )
-        if key_impl is not None:
-            data = jax.make_array_from_callback(h.shape, _data_sharding(s), _slicer(h))
-            out.append(jax.random.wrap_key_data(data, impl=key_impl))
-        else:
-            if h.dtype != np.dtype(t.dtype):
-                raise ValueError(
-                    f"checkpoint {restored.path}: leaf {i} has dtype {h.dtype}, state expects {t.dtype}"
-                )
-            out.append(jax.make_array_from_callback(h.shape, s, _slicer(h)))
-    return jax.tree_util.tree_unflatten(treedef, out)
+        if not is_key and dtype != np.dtype(t.dtype):
+            raise ValueError(
+                f"checkpoint {restored.path}: leaf {i} has dtype {dtype}, state expects {t.dtype}"
+            )
+        targets.append(jax.ShapeDtypeStruct(shape, dtype, sharding=_data_sharding(s) if is_key
+                                            else s))  # fmt: skip
+    if restored.leaves is not None:  # format 1: host arrays already read and verified
+        arrays = [
+            jax.make_array_from_callback(t.shape, t.sharding, checkpoint_npz.slicer(h))
+            for t, h in zip(targets, restored.leaves, strict=True)
+        ]
+    else:
+        import orbax.checkpoint as ocp
 
-
-def _slicer(h: np.ndarray) -> Any:
-    def get(idx: Any) -> np.ndarray:
-        return h[idx]
-
-    return get
-
-
-def _data_sharding(s: jax.sharding.Sharding) -> jax.sharding.Sharding:
-    # key data has one trailing axis more than the key; keys are replicated scalars here.
-    if isinstance(s, jax.sharding.NamedSharding):
-        return jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec())
-    return s
+        target = {f"leaf_{i:05d}": t for i, t in enumerate(targets)}
+        with _checkpointer() as checkpointer:
+            out = checkpointer.restore(
+                os.path.join(restored.path, STATE), args=ocp.args.StandardRestore(target)
+            )
+        arrays = [out[f"leaf_{i:05d}"] for i in range(len(targets))]
+    placed = [
+        jax.random.wrap_key_data(a, impl=meta["keys"][str(i)]) if str(i) in meta["keys"] else a
+        for i, a in enumerate(arrays)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, placed)

@@ -16,7 +16,6 @@ from typing import Any
 import jax
 import numpy as np
 import optax
-from jax.experimental import multihost_utils
 
 from dew.data.dataset import Dataset, Partition
 from dew.objectives.base import (
@@ -284,11 +283,8 @@ class Trainer:
                 step=number,
                 position=position,
                 keep=self.keep_checkpoints,
-                write=lead,
                 extra={"updates": int(jax.device_get(state.updates))},  # type: ignore[union-attr]
             )
-            if jax.process_count() > 1:
-                multihost_utils.sync_global_devices(f"dew-checkpoint-{number}")
             last_saved = number
 
         try:
