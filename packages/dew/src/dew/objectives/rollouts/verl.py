@@ -26,7 +26,8 @@ writes them back unchanged, and a native row's own ``min_global_steps``/``max_gl
 are kept. Refused, each with a :class:`VerlRowError` naming row and field: rows carrying media
 (unless ``media=True``, for a round trip only: Dew's text trainer would score placeholder ids
 without the pixels), rows without ``response_logprobs``, without a version or without a
-reward. Row layout: verl 0.9.1 ``verl/experimental/agent_loop/agent_loop.py``
+reward (a row Dew wrote for a session that had no reward, an infrastructure failure say,
+keeps ``reward_score=None`` and reads back). Row layout: verl 0.9.1 ``verl/experimental/agent_loop/agent_loop.py``
 (``AgentLoopOutput``) and ``tool_agent_loop.py``.
 """
 
