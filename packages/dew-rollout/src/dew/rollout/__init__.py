@@ -7,6 +7,10 @@ Servers (each a `RolloutServer`: `submit(prompt_ids, max_new_tokens, seed=) -> F
 * `OpenAIRolloutServer` over `OpenAICompletion`: vLLM's or SGLang's `/v1/completions`;
 * `VLLMGenerateServer`: vLLM's token route, with each draw's kept ids.
 
+Recording gateway: `Gateway` (an rllm-model-gateway's readiness, version stamp and a
+session's calls from its traces) and `SandboxProxy` (the path-restricted door sandboxes
+use to reach it).
+
 Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
 reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
 (a version that moves only when a push and its stamp both succeed). Nothing in `dew`
@@ -24,10 +28,12 @@ from dew.rollout.errors import (
     PushFailed,
     SamplingRefused,
 )
+from dew.rollout.gateway import Gateway, GatewayError, GatewayNotReady
 from dew.rollout.native import NativeRolloutServer, ServerClosed
 from dew.rollout.nccl import NCCLPush
 from dew.rollout.nccl_library import CtypesNCCL, NCCLError, NCCLLibrary
 from dew.rollout.openai import OpenAICompletion, OpenAIRolloutServer
+from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.remote import NoPublisher
@@ -39,6 +45,7 @@ from dew.rollout.scheduler import (
     task_ids,
 )
 from dew.rollout.sources import EnvironmentSource, PromptSource, prompt_task
+from dew.rollout.traces import MalformedTrace
 from dew.rollout.vllm_generate import VLLMGenerateServer
 
 __all__ = [
@@ -50,7 +57,11 @@ __all__ = [
     "EngineRefused",
     "EngineTimeout",
     "EngineUnreachable",
+    "Gateway",
+    "GatewayError",
+    "GatewayNotReady",
     "MalformedResponse",
+    "MalformedTrace",
     "NCCLError",
     "NCCLLibrary",
     "NCCLPush",
@@ -66,6 +77,7 @@ __all__ = [
     "SafetensorsReload",
     "SamplingRefused",
     "SchedulerRecord",
+    "SandboxProxy",
     "ServerClosed",
     "VLLMGenerateServer",
     "WeightJournal",

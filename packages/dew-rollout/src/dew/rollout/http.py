@@ -32,14 +32,41 @@ def post_json(
     `ok`, with the start of the body) or `MalformedResponse` (a body that is not JSON).
     An empty body decodes to None. `timeout` overrides the client's for this call.
     """
+    json_body = dict(body) if body is not None else None
+    return request_json(client, "POST", url, json_body, params=params, timeout=timeout, ok=ok)
+
+
+def get_json(
+    client: httpx.Client,
+    url: str,
+    *,
+    params: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    ok: tuple[int, ...] = (200,),
+) -> Any:
+    """GET `url` and return the decoded answer, with `post_json`'s named errors."""
+    return request_json(client, "GET", url, None, params=params, timeout=timeout, ok=ok)
+
+
+def request_json(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    ok: tuple[int, ...] = (200,),
+) -> Any:
+    """One request with a JSON body (None: no body); the answer decoded as JSON.
+
+    Every failure is a named `EngineError` (see `post_json`)."""
     extra: dict[str, Any] = {}
     if timeout is not None:
         extra["timeout"] = timeout
     full = str(client.base_url.join(url)) if client.base_url else url
     try:
-        response = client.post(
-            url, json=dict(body) if body is not None else None, params=params, **extra
-        )
+        response = client.request(method, url, json=body, params=params, **extra)
     except httpx.TimeoutException as error:
         raise EngineTimeout(f"no answer in time ({type(error).__name__})", full) from error
     except httpx.TransportError as error:
