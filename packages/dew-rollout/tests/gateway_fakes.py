@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import numpy as np
 from rollout_engine import free_port
-from rollout_fakes import FakeEngine
+from rollout_fakes import FakeVLLM
 
 EOS = 1
 ROLE = 2
@@ -54,11 +54,12 @@ def render(messages: list[dict[str, Any]]) -> list[int]:
     return [*ids, ROLE, *encode("assistant"), ROLE]
 
 
-class FakeChatVLLM(FakeEngine):
-    """vLLM's chat route, model list and health, with `healthy` and per-route faults."""
+class FakeChatVLLM(FakeVLLM):
+    """vLLM's chat route, model list and health beside `FakeVLLM`'s completions and
+    development (weight reload) routes, with `healthy` and per-route faults."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(vocab=128)
         self.healthy = True
         self.drop_ids = False  # answer without prompt_token_ids (an engine that lacks them)
         self.drop_logprobs = False

@@ -9,7 +9,7 @@ Servers (each a `RolloutServer`: `submit(prompt_ids, max_new_tokens, seed=) -> F
 
 Recording gateway: `Gateway` (an rllm-model-gateway's readiness, version stamp and a
 session's calls from its traces) and `SandboxProxy` (the path-restricted door sandboxes
-use to reach it).
+use to reach it); `HarborSource` runs each sample as one Harbor trial through them.
 
 Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
 reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
@@ -29,6 +29,7 @@ from dew.rollout.errors import (
     SamplingRefused,
 )
 from dew.rollout.gateway import Gateway, GatewayError, GatewayNotReady
+from dew.rollout.harbor import HarborSource
 from dew.rollout.native import NativeRolloutServer, ServerClosed
 from dew.rollout.nccl import NCCLPush
 from dew.rollout.nccl_library import CtypesNCCL, NCCLError, NCCLLibrary
@@ -60,6 +61,7 @@ __all__ = [
     "Gateway",
     "GatewayError",
     "GatewayNotReady",
+    "HarborSource",
     "MalformedResponse",
     "MalformedTrace",
     "NCCLError",

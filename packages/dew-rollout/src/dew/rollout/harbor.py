@@ -1,0 +1,356 @@
+"""`HarborSource`: each sample one Harbor trial, its calls read back from a recording gateway.
+
+A `SessionSource` (`submit(task, seed=) -> Future[Session]`, `cancel(future)`). For each
+submission it mints a session id, runs
+
+    harbor trial start -p <task dir> --trial-name <session> --trials-dir <trials>
+        -a <agent> -m <model> --base-url <gateway.base_url(session)>
+        --allow-agent-host <sandbox host> <args...>
+
+(the CLI of Harbor 0.26.0, `harbor/cli/trials.py`), so the agent reaches the policy only
+through the gateway at `/sessions/<session>/v1`, by way of the sandbox proxy. When the
+process exits it reads `<trials>/<session>/result.json` (Harbor's `TrialResult`,
+`harbor/models/trial/result.py`): the verifier's `rewards` give the reward (the `reward`
+entry, or the only entry; all entries become the components) and `exception_info`
+gives the status, by Harbor's own error classes (`harbor/models/trial/error_policy.py`):
+
+* no exception: COMPLETED;
+* the agent ran out of time, context or output budget (`AgentTimeoutError`,
+  `ContextLengthExceededError`, `ContextWindowExceededError`, `OutputLengthExceededError`,
+  `OutputTokenExceededError`): TRUNCATED, with the verifier's reward when it ran;
+* the agent itself failed but was graded (`NonZeroAgentExitCodeError`,
+  `AgentSafetyRefusalError`, `ContentPolicyViolationError`): AGENT_ERROR with its reward;
+* anything else (the environment, model API errors such as the gateway's 500 when no
+  worker is healthy, verifier failures, a crash without a result): INFRA_ERROR.
+
+A COMPLETED or AGENT_ERROR trial without a reward, or one whose traces are missing or
+malformed, is an INFRA_ERROR: nothing about it can be trained on. The session's traces
+are deleted from the gateway once read. `cancel` kills the trial's process group and the
+session comes back CANCELLED. Harbor has no seed for agents, so `seed` is recorded in
+the session's detail only; a resubmitted trial does not replay the same tokens.
+
+Before the first trial `Gateway.ready(ready_timeout)` must pass; its failure raises from
+that submission's future (the gateway is broken, not one trial).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import threading
+import urllib.parse
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from dew.objectives.rollouts.records import Call, Session, Status, Task
+from dew.rollout.errors import EngineError
+from dew.rollout.gateway import Gateway
+
+TRUNCATIONS = frozenset(
+    {
+        "AgentTimeoutError",
+        "ContextLengthExceededError",
+        "ContextWindowExceededError",
+        "OutputLengthExceededError",
+        "OutputTokenExceededError",
+    }
+)
+AGENT_ERRORS = frozenset(
+    {"NonZeroAgentExitCodeError", "AgentSafetyRefusalError", "ContentPolicyViolationError"}
+)
+
+
+def task_directory(task: Task, tasks: Mapping[Any, Any] | None = None) -> Path:
+    """The Harbor task directory of `task`: `tasks[task.id]` when a table is given, else
+    `task.data` (the path, or a mapping with `"path"`)."""
+    if tasks is not None:
+        if task.id not in tasks:
+            raise KeyError(f"tasks: no Harbor task directory for task id {task.id!r}")
+        data = tasks[task.id]
+    else:
+        data = task.data
+    if isinstance(data, Mapping):
+        data = data.get("path")
+    if not isinstance(data, str | os.PathLike) or not str(data):
+        raise TypeError(
+            f"Task.data: expected a Harbor task directory (a path, or a mapping with 'path'), "
+            f"got {task.data!r}"
+        )
+    path = Path(data)
+    if not path.is_dir():
+        raise FileNotFoundError(f"Task.data: {str(path)!r} is not a directory")
+    return path
+
+
+def reward_of(result: Mapping[str, Any]) -> tuple[float | None, dict[str, float], str]:
+    """(reward, components, problem) from a TrialResult's `verifier_result`."""
+    verifier = result.get("verifier_result")
+    rewards = verifier.get("rewards") if isinstance(verifier, Mapping) else None
+    if not rewards:
+        return None, {}, "the verifier gave no reward"
+    if not isinstance(rewards, Mapping):
+        return None, {}, f"verifier_result.rewards: expected a mapping, got {rewards!r:.100}"
+    components: dict[str, float] = {}
+    for name, value in rewards.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None, {}, f"verifier_result.rewards[{name!r}]: expected a number, got {value!r}"
+        if not math.isfinite(value):
+            return None, {}, f"verifier_result.rewards[{name!r}]: expected finite, got {value}"
+        components[str(name)] = float(value)
+    if "reward" in components:
+        return components["reward"], components, ""
+    if len(components) == 1:
+        return next(iter(components.values())), components, ""
+    names = ", ".join(sorted(components))
+    return None, components, f"verifier_result.rewards: no 'reward' among several ({names})"
+
+
+def status_of(result: Mapping[str, Any]) -> tuple[Status, float | None, dict[str, float], str]:
+    """(status, reward, components, detail) for one TrialResult."""
+    reward, components, problem = reward_of(result)
+    info = result.get("exception_info")
+    kind = info.get("exception_type") if isinstance(info, Mapping) else None
+    message = str(info.get("exception_message", ""))[:300] if isinstance(info, Mapping) else ""
+    if info is not None and not isinstance(kind, str):
+        return Status.INFRA_ERROR, None, {}, f"exception_info without a type: {info!r:.200}"
+    if kind is None:
+        if reward is None:
+            return Status.INFRA_ERROR, None, {}, problem
+        return Status.COMPLETED, reward, components, ""
+    detail = f"{kind}: {message}".rstrip(": ")
+    if kind in TRUNCATIONS:
+        return Status.TRUNCATED, reward, components if reward is not None else {}, detail
+    if kind in AGENT_ERRORS:
+        if reward is None:
+            return Status.INFRA_ERROR, None, {}, f"{detail}; {problem}"
+        return Status.AGENT_ERROR, reward, components, detail
+    return Status.INFRA_ERROR, None, {}, detail
+
+
+class HarborSource:
+    """Runs each sample as one Harbor trial whose agent reaches the policy through `gateway`.
+
+    harbor: the Harbor command (a path, or an argv prefix such as
+      `["uv", "tool", "run", "harbor"]`); Harbor 0.26 wants Python >= 3.12, so it usually
+      lives in its own tool environment.
+    model: the model name the agent asks for (as the engine serves it, with any provider
+      prefix the agent needs, e.g. `hosted_vllm/<name>` for litellm-based agents).
+    trials: the directory trials are written under (`<trials>/<session>/`).
+    agent: Harbor's agent name or import path.
+    args: further `harbor trial start` options (timeouts, `--api-key-name`, `--env`, ...).
+    workers: trials run at once. timeout: seconds before a trial is killed (INFRA_ERROR).
+    ready_timeout: how long the first submission waits for `gateway.ready`.
+    tasks: task id -> Harbor task directory (for integer `task_id` datasets); without it
+      each `Task.data` names its directory.
+    """
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        harbor: str | Sequence[str] = "harbor",
+        model: str,
+        trials: str | os.PathLike[str],
+        agent: str = "terminus-2",
+        args: Sequence[str] = (),
+        workers: int = 4,
+        timeout: float | None = None,
+        ready_timeout: float = 600.0,
+        env: Mapping[str, str] | None = None,
+        tasks: Mapping[Any, Any] | None = None,
+    ) -> None:
+        if not isinstance(gateway, Gateway):
+            raise TypeError(f"gateway: expected a dew.rollout.Gateway, got {type(gateway)}")
+        self.command = [harbor] if isinstance(harbor, str) else [str(a) for a in harbor]
+        if not self.command or not all(self.command):
+            raise ValueError(f"harbor: expected a command, got {harbor!r}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"model: expected the served model's name, got {model!r}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers: expected a positive int, got {workers!r}")
+        self.gateway = gateway
+        self.model = model
+        self.agent = agent
+        self.args = [str(a) for a in args]
+        self.trials = Path(trials)
+        self.trials.mkdir(parents=True, exist_ok=True)
+        self.timeout = timeout
+        self.ready_timeout = ready_timeout
+        self.env = dict(env or {})
+        self.tasks = dict(tasks) if tasks is not None else None
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dew-harbor")
+        self._lock = threading.Lock()
+        self._ready = False
+        self._running: dict[Future[Session], _Trial] = {}
+
+    def submit(self, task: Task, *, seed: int) -> Future[Session]:
+        """Start one trial of `task` (its `data` names the Harbor task directory)."""
+        directory = task_directory(task, self.tasks)
+        trial = _Trial(f"dew-{uuid.uuid4().hex[:20]}", task, directory, int(seed))
+        future = self._pool.submit(self._run, trial)
+        with self._lock:
+            self._running[future] = trial
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[Session]) -> None:
+        with self._lock:
+            self._running.pop(future, None)
+
+    def cancel(self, future: Future[Session]) -> None:
+        """Kill the trial behind `future` (its whole process group); it comes back
+        CANCELLED. A trial not yet started never starts."""
+        with self._lock:
+            trial = self._running.get(future)
+        if trial is None or future.cancel():
+            return
+        trial.stop()
+
+    def _ensure_ready(self) -> None:
+        with self._lock:
+            if self._ready:
+                return
+            self.gateway.ready(self.ready_timeout)
+            self._ready = True
+
+    def argv(self, session: str, directory: Path) -> list[str]:
+        """The `harbor trial start` command line of one trial."""
+        sandbox_host = urllib.parse.urlsplit(self.gateway.sandbox_url).hostname or ""
+        return [
+            *self.command, "trial", "start", "-p", str(directory),
+            "--trial-name", session, "--trials-dir", str(self.trials),
+            "-a", self.agent, "-m", self.model,
+            "--base-url", self.gateway.base_url(session),
+            "--allow-agent-host", sandbox_host, *self.args,
+        ]  # fmt: skip
+
+    def _run(self, trial: _Trial) -> Session:
+        self._ensure_ready()
+        log = self.trials / f"{trial.session}.log"
+        with open(log, "wb") as out:
+            trial.start(self.argv(trial.session, trial.directory), out, self.env)
+            code = trial.wait(self.timeout)
+        detail = f"seed {trial.seed}; session {trial.session}"
+        if trial.cancelled:
+            self._drop(trial.session)
+            return Session(task=trial.task.id, status=Status.CANCELLED, detail=detail)
+        result_path = self.trials / trial.session / "result.json"
+        result: Any = None
+        problem = ""
+        if code is None:
+            problem = f"the trial ran past {self.timeout} s and was killed"
+        elif result_path.exists():
+            try:
+                result = json.loads(result_path.read_text())
+            except (OSError, ValueError) as error:
+                problem = f"{result_path}: unreadable ({error})"
+            if result is not None and not isinstance(result, Mapping):
+                problem, result = f"{result_path}: expected a JSON object", None
+        else:
+            tail = log.read_text(errors="replace")[-400:]
+            problem = f"harbor exited {code} without {result_path}: {tail!r}"
+        if result is None:
+            self._drop(trial.session)
+            return Session(
+                task=trial.task.id, status=Status.INFRA_ERROR, detail=f"{problem}; {detail}"
+            )
+        status, reward, components, why = status_of(result)
+        calls: list[Call] = []
+        if status is not Status.INFRA_ERROR:
+            try:
+                calls = self.gateway.calls(trial.session)
+            except EngineError as error:
+                status, reward, components, why = Status.INFRA_ERROR, None, {}, str(error)
+            if status is not Status.INFRA_ERROR and not calls:
+                status, reward, components = Status.INFRA_ERROR, None, {}
+                why = "the gateway recorded no call for this session"
+        self._drop(trial.session)
+        return Session(
+            task=trial.task.id,
+            calls=calls if status is not Status.INFRA_ERROR else (),
+            status=status,
+            reward=reward,
+            components=components,
+            detail=f"{why}; {detail}" if why else detail,
+        )
+
+    def _drop(self, session: str) -> None:
+        try:
+            self.gateway.delete(session)
+        except EngineError:
+            pass  # best effort: the traces are not needed any more
+
+    def close(self) -> None:
+        """Kill running trials and stop the worker threads."""
+        with self._lock:
+            trials = list(self._running.values())
+        for trial in trials:
+            trial.stop()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> HarborSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Trial:
+    """One `harbor trial start` process and its cancellation state."""
+
+    def __init__(self, session: str, task: Task, directory: Path, seed: int) -> None:
+        self.session = session
+        self.task = task
+        self.directory = directory
+        self.seed = seed
+        self.cancelled = False
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def start(self, argv: list[str], out: Any, env: Mapping[str, str]) -> None:
+        with self._lock:
+            if self.cancelled:
+                return
+            self._process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **env},
+                start_new_session=True,
+            )
+
+    def wait(self, timeout: float | None) -> int | None:
+        """The exit code, or None when the trial ran past `timeout` and was killed."""
+        process = self._process
+        if process is None:
+            return -1
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            return None
+
+    def stop(self) -> None:
+        with self._lock:
+            self.cancelled = True
+        self._kill()
+
+    def _kill(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+        except ProcessLookupError:
+            pass
