@@ -233,7 +233,7 @@ def test_the_train_harbor_example_trains(stack, pretrained, tmp_path):
     moved = jax.tree.map(
         lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
         jax.device_get(state.params),
-        pretrained.variables["params"],
+        pretrained.variables,
     )
     assert max(jax.tree.leaves(moved)) > 0  # the policy trained on the recorded calls
     assert len(engine.answers) - start >= 2 * 2 * 2 * 2  # batches x tasks x groups x turns
