@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import flax
 import jax
@@ -142,6 +143,34 @@ def test_corrections_follow_the_lm_path(setup) -> None:
     assert float(w) == 0 and float(metrics["mask/behavior_band"]) == 1.0
     with pytest.raises(ValueError, match="ema_decay: Flow-GRPO fixes it at None"):
         FlowGRPOObjective(DIT, presets.Flow()(), INPUTS, ema_decay=0.9)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"epsilon_low": -0.1}, "epsilon_low: expected a finite value >= 0, got -0.1"),
+        ({"epsilon_high": float("inf")}, "epsilon_high: expected a finite value >= 0, got inf"),
+        ({"behavior_importance": 0.0}, "behavior_importance: expected a positive finite cap"),
+        ({"behavior_importance": (2.0, 0.5)}, "behavior_importance: expected 0 < low <= high"),
+        ({"behavior_importance": True}, "behavior_importance: expected None, a cap or"),
+    ],
+)
+def test_loss_options_are_checked_when_built(options, message) -> None:
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        FlowGRPOObjective(DIT, presets.Flow()(), INPUTS, steps=5, encoders=ENCODERS, **options)
+
+
+def test_loss_options_are_built_once() -> None:
+    objective = FlowGRPOObjective(DIT, presets.Flow()(), INPUTS, steps=5, encoders=ENCODERS,
+                                  epsilon_low=1e-3, behavior_importance=[0.5, 2])  # fmt: skip
+    options = objective.loss_options
+    assert (options.policy_loss, options.aggregation, options.dual_clip) == (
+        "ppo",
+        "token-mean",
+        None,
+    )
+    assert options.epsilon_low == objective.epsilon_low == 1e-3
+    assert options.behavior_importance == objective.behavior_importance == (0.5, 2.0)
 
 
 def test_reward_errors_name_the_problem(setup) -> None:

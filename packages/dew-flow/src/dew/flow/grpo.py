@@ -9,8 +9,8 @@ advantage), ``advantages`` ``[N, S]`` (the row's advantage repeated), ``behavior
 
 For each kept transition the current model gives the SDE mean, and the per-coordinate log
 density of the recorded next state; the ratio to the old density enters dew's GRPO policy
-loss (``dew.objectives.rl.policy_loss_from_log_probs`` with verl's clipped surrogate and no
-dual clip, the transitions in the place of tokens, averaged over the kept transitions), so
+loss (``compute_policy_loss`` with ``PolicyLossOptions`` built once: verl's clipped
+surrogate and no dual clip, the transitions in the place of tokens, averaged over the kept transitions), so
 ``behavior_importance`` means exactly what it means for language models: a TIS cap on
 ``old / behavior`` (needs ``old_log_probs``) or an IcePop band. With ``beta > 0`` the
 starting policy stays frozen in the Trainer's EMA slot and ``beta * transition_kl`` to it is
@@ -32,31 +32,12 @@ import jax.numpy as jnp
 from dew.flow.inputs import InputSpec
 from dew.flow.objective import Autoencoder, FlowModel
 from dew.flow.process import Process, coordinate_log_density, transition_kl
-from dew.objectives.rl import policy_loss_from_log_probs
+from dew.objectives.rl.policy_loss import compute_policy_loss
+from dew.objectives.rl.policy_options import PolicyLossOptions
 from dew.rl import masked_mean, token_rejection_mask
 
 FIELDS = ("states", "next_states", "times", "next_times", "scales", "transition_mask", "advantages")
 _UNSET = object()
-
-
-def _behavior_importance(value: Any) -> float | tuple[float, float] | None:
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise TypeError(f"behavior_importance: expected None, a cap or (low, high), got {value!r}")
-    if isinstance(value, int | float):
-        if not (float(value) > 0 and math.isfinite(float(value))):
-            raise ValueError(f"behavior_importance: expected a positive finite cap, got {value!r}")
-        return float(value)
-    try:
-        low, high = (float(v) for v in value)
-    except (TypeError, ValueError) as err:
-        raise TypeError(
-            f"behavior_importance: expected None, a cap or (low, high), got {value!r}"
-        ) from err
-    if not (0.0 < low <= high < math.inf):
-        raise ValueError(f"behavior_importance: expected 0 < low <= high < inf, got {value!r}")
-    return low, high
 
 
 class FlowGRPOObjective(FlowModel):
@@ -108,9 +89,6 @@ class FlowGRPOObjective(FlowModel):
             raise ValueError(f"steps: expected an integer >= 2 (both endpoints), got {steps!r}")
         if guidance is not None and not math.isfinite(float(guidance)):
             raise ValueError(f"guidance: expected None or a finite scale, got {guidance!r}")
-        for name, eps in (("epsilon_low", epsilon_low), ("epsilon_high", epsilon_high)):
-            if not (float(eps) >= 0.0 and math.isfinite(float(eps))):
-                raise ValueError(f"{name}: expected a finite value >= 0, got {eps!r}")
         if advantage_clip is not None and not float(advantage_clip) > 0:
             raise ValueError(
                 f"advantage_clip: expected None or a value > 0, got {advantage_clip!r}"
@@ -124,10 +102,19 @@ class FlowGRPOObjective(FlowModel):
         self.guidance = None if guidance is None else float(guidance)
         self.beta = beta
         self.steps = steps
-        self.epsilon_low = float(epsilon_low)
-        self.epsilon_high = float(epsilon_high)
         self.advantage_clip = None if advantage_clip is None else float(advantage_clip)
-        self.behavior_importance = _behavior_importance(behavior_importance)
+        # checked once here; the loss reuses them on every call
+        self.loss_options = PolicyLossOptions(
+            policy_loss="ppo",
+            aggregation="token-mean",
+            epsilon_low=epsilon_low,
+            epsilon_high=epsilon_high,
+            dual_clip=None,
+            behavior_importance=behavior_importance,
+        )
+        self.epsilon_low = self.loss_options.epsilon_low
+        self.epsilon_high = self.loss_options.epsilon_high
+        self.behavior_importance = self.loss_options.behavior_importance
 
     @property
     def ema_decay(self) -> float | None:
@@ -198,16 +185,7 @@ class FlowGRPOObjective(FlowModel):
         for name in ("behavior_log_probs", "old_log_probs"):
             if name in batch:
                 fields[name] = jnp.asarray(batch[name], jnp.float32)
-        loss_sum, weight, metrics = policy_loss_from_log_probs(
-            log_probs,
-            fields,
-            policy_loss="ppo",
-            aggregation="token-mean",
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            dual_clip=None,
-            behavior_importance=self.behavior_importance,
-        )
+        loss_sum, weight, metrics = compute_policy_loss(log_probs, fields, self.loss_options)
         metrics = dict(metrics)
         if self.beta > 0:
             if reference is None:
