@@ -6,8 +6,7 @@ code questions mixed in, ``"python 37+48"`` with a fenced program. This example 
 that SFT checkpoint (trained here, or restored when ``--run-dir`` already holds it) and runs
 GRPO where
 
-- a ``NativeRolloutServer`` draws completions on a background thread (``--engine vllm``
-  instead serves them from a vLLM engine you launched, through ``SafetensorsReload``);
+- a ``NativeRolloutServer`` draws completions on a background thread;
 - a ``PromptSource`` scores each completion as its draw finishes: arithmetic answers by
   ``MathReward`` (the exact boxed value), programs by ``CodeReward`` running them on a
   ``SandboxFleet`` of ``ProcessRunner`` processes;
@@ -86,23 +85,11 @@ def rlvr_prompts(ctx: Any, seed: int) -> tuple[Prompts, int]:
     return prompts, longest
 
 
-def serve(args: argparse.Namespace, ctx: Any, params: Any, sampling: Sampling, slots: int) -> Any:
-    """The rollout server: native, or a vLLM engine reloaded from ``--vllm-dir``."""
-    if args.engine == "native":
-        core = Server(ctx.model, params, slots=slots, capacity=ctx.model.config.max_seq_len,
-                      sampling=sampling)  # fmt: skip
-        return NativeRolloutServer(core)
-    import httpx
-
-    from dew.models import Pretrained
-    from dew.rollout import OpenAICompletion, OpenAIRolloutServer, Publication, SafetensorsReload
-
-    pretrained = Pretrained.from_model(ctx.model, params)
-    reload = SafetensorsReload(pretrained, args.vllm_dir, [args.vllm_url], "vllm")
-    client = httpx.Client(base_url=args.vllm_url, timeout=300)
-    completion = OpenAICompletion(args.vllm_model, client, provider="vllm")
-    return OpenAIRolloutServer(completion, sampling, Publication(reload, version=0),
-                               processed_logprobs=True)  # fmt: skip
+def serve(ctx: Any, params: Any, sampling: Sampling, slots: int) -> NativeRolloutServer:
+    """The rollout server: Dew's continuous-batching server on a background thread."""
+    core = Server(ctx.model, params, slots=slots, capacity=ctx.model.config.max_seq_len,
+                  sampling=sampling)  # fmt: skip
+    return NativeRolloutServer(core)
 
 
 def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
@@ -119,10 +106,6 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
     p.add_argument("--held-out", type=int, default=64, help="held-out questions of each kind")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="sandbox processes")
-    p.add_argument("--engine", default="native", choices=("native", "vllm"))
-    p.add_argument("--vllm-url", default="http://127.0.0.1:8000")
-    p.add_argument("--vllm-dir", help="the directory the vLLM engine serves (vllm only)")
-    p.add_argument("--vllm-model", default="policy", help="the engine's served model name")
     args = p.parse_args(argv)
 
     settings = Settings.for_size(args.size, steps=args.sft_scale, seed=args.seed, code=True)
@@ -155,7 +138,7 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         objective = GRPOObjective(ctx.model, seq_len=width - 1, pretrained=sft,
                                   behavior_importance=2.0,
                                   sampling_temperature=args.temperature)  # fmt: skip
-        server = serve(args, ctx, sft, sampling, args.prompts * args.groups)
+        server = serve(ctx, sft, sampling, args.prompts * args.groups)
         stack.callback(server.close)
         source = PromptSource(server, verifier, max_new_tokens=budget,
                               decode=ctx.tokenizer.decode, workers=args.workers)  # fmt: skip
