@@ -31,6 +31,7 @@ import json
 import os
 import threading
 import time
+import warnings
 from typing import Any
 
 import jax
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
     budget = width - width_p
     sampling = Sampling(temperature=args.temperature, eos_id=ctx.end_id)
     limits = SandboxLimits(cpu_seconds=1.0, deadline_seconds=5.0)
+    # ProcessRunner forks from a process where JAX runs threads; a child stuck before exec is
+    # killed at its deadline and scores 0 (as in the quickstart's --code stage), so Python's
+    # warning about that fork is not printed once per sampled program.
+    warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
     records: list[Any] = []
     with contextlib.ExitStack() as stack:
         fleet = stack.enter_context(SandboxFleet(ProcessRunner(), limits=limits,
@@ -156,6 +161,8 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         final = trainer.fit(scheduler.tasks(prompts.load(args.prompts)), steps=args.steps,
                             run_dir=os.path.join(args.run_dir, "rlvr"), log_every=5)  # fmt: skip
         seconds = time.perf_counter() - start
+        scheduler.close()  # the batch submitted ahead of a step that will not come
+        scored = dict(verifier.scored)
         params = jax.device_get(final.params)
         after = {kind: evaluate(params).accuracy for kind, evaluate in evaluators.items()}
     rewards = [r.metrics.get("reward/mean", 0.0) for r in records]
@@ -167,7 +174,7 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "waited": round(sum(r.waited for r in records[1:]), 3),
         "lags": [r.lag for r in records],
-        "scored": dict(verifier.scored),
+        "scored": scored,
         "admitted_groups": [r.admitted_groups for r in records],
         "reward_first": rewards[0] if rewards else None,
         "reward_last": rewards[-1] if rewards else None,

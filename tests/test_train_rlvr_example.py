@@ -24,9 +24,10 @@ def test_the_rlvr_example_runs_one_batch_ahead(tmp_path):
     # batch i + 1 was drawn from the weights before update i: lag 1 after the first batch
     assert summary["lags"] == [0, 1, 1]
     assert summary["admitted_groups"] == [prompts] * steps
-    # every rollout was verified once, by the reward of its kind, arithmetic and code mixed
+    # every trained rollout was verified by the reward of its kind, arithmetic and code mixed
+    # (the batch submitted ahead of the last step may be scored too before it is cancelled)
     scored = summary["scored"]
-    assert sum(scored.values()) == steps * prompts * groups
+    assert steps * prompts * groups <= sum(scored.values()) <= (steps + 1) * prompts * groups
     assert set(scored) == {"arithmetic", "python"} and all(n > 0 for n in scored.values())
     for accuracy in (summary["accuracy_before"], summary["accuracy_after"]):
         assert set(accuracy) == {"arithmetic", "python"}
