@@ -7,10 +7,12 @@ Runs the same trivial Python program (``print(sum(range(100)))`` from ``main.py`
 * through ``SandboxFleet(ProcessRunner(), workers=1)`` and ``workers=2``,
 * through ``ContainerRunner`` (one worker), when an engine answers (``DOCKER_HOST``).
 
-Prints programs per second, the ratio of each fleet to the peer, and the container
-runner's median seconds per program (engine start-to-removal included).
+The contenders run in interleaved rounds (tools/bench/_rounds.py), pinned to the same CPUs.
+Prints seconds per program (median and spread) and programs per second per contender, the
+ratio of each fleet to the peer with the per-round spread, and the container runner's seconds
+per program (engine start-to-removal included). Record: tools/bench/results/sandbox.json.
 
-    .venv/bin/python tools/bench/bench_sandbox.py --programs 60 --containers 12
+    .venv/bin/python tools/bench/bench_sandbox.py --programs 60 --containers 12 --rounds 3
 """
 
 from __future__ import annotations
@@ -18,12 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from dew.sandbox import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import Bench, add_arguments  # noqa: E402
+
+from dew.sandbox import (  # noqa: E402
     ContainerRunner,
     ProcessRunner,
     Program,
@@ -32,7 +38,7 @@ from dew.sandbox import (
     Verdict,
     engine_unavailable_reason,
 )
-from dew.sandbox.launcher import SANDBOX_PATH
+from dew.sandbox.launcher import SANDBOX_PATH  # noqa: E402
 
 CODE = "print(sum(range(100)))\n"
 # The same interpreter for every contender: the one the sandbox's PATH finds (a bare
@@ -65,53 +71,53 @@ def bench_fleet(n: int, workers: int) -> float:
     return n / elapsed
 
 
-def bench_containers(n: int, image: str) -> list[float]:
+def bench_containers(runner: ContainerRunner, n: int) -> list[float]:
     """Seconds per program through ContainerRunner, one at a time."""
-    runner = ContainerRunner(image)
     program = Program({"main.py": CODE}, ["python3", "main.py"])
     times = []
-    try:
-        runner.run(program, LIMITS)  # warm the engine's caches
-        for _ in range(n):
-            start = time.perf_counter()
-            outcome = runner.run(program, LIMITS)
-            times.append(time.perf_counter() - start)
-            assert outcome.verdict is Verdict.COMPLETED and outcome.stdout == b"4950\n"
-    finally:
-        runner.close()
+    for _ in range(n):
+        start = time.perf_counter()
+        outcome = runner.run(program, LIMITS)
+        times.append(time.perf_counter() - start)
+        assert outcome.verdict is Verdict.COMPLETED and outcome.stdout == b"4950\n"
     return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--programs", type=int, default=60)
-    parser.add_argument("--containers", type=int, default=12)
+    add_arguments(parser, rounds=3)
+    parser.add_argument("--programs", type=int, default=60, help="programs per contender a round")
+    parser.add_argument("--containers", type=int, default=12, help="containers a round")
     parser.add_argument(
         "--image", default=os.environ.get("DEW_SANDBOX_IMAGE", "dew-sandbox-python:bookworm-stdlib")
     )
     args = parser.parse_args()
-
-    print(
-        f"trivial program x {args.programs} ({PYTHON}), cpus={os.cpu_count()}, "
-        f"uid={os.geteuid()}, load {os.getloadavg()[0]:.1f}"
-    )
-    peer = bench_subprocess(args.programs)
-    print(f"  subprocess.run one by one      {peer:7.1f} programs/s  (peer)")
-    for workers in (1, 2):
-        rate = bench_fleet(args.programs, workers)
-        print(
-            f"  ProcessRunner fleet, {workers} worker{'s' if workers > 1 else ' '}  "
-            f"{rate:7.1f} programs/s  ratio {rate / peer:5.2f} x subprocess.run"
-        )
+    bench = Bench("sandbox", args.cpus, args.threads)
+    contenders = {
+        "subprocess.run": lambda: 1.0 / bench_subprocess(args.programs),
+        "fleet 1 worker": lambda: 1.0 / bench_fleet(args.programs, 1),
+        "fleet 2 workers": lambda: 1.0 / bench_fleet(args.programs, 2),
+    }
     reason = engine_unavailable_reason(args.image)
+    runner = None
+    if reason is None:
+        runner = ContainerRunner(args.image)
+        runner.run(Program({"main.py": CODE}, ["python3", "main.py"]), LIMITS)  # warm caches
+        contenders["ContainerRunner"] = lambda: bench_containers(runner, args.containers)
+    try:
+        times = bench.rounds(contenders, args.rounds)
+    finally:
+        if runner is not None:
+            runner.close()
+    bench.say(f"trivial program ({PYTHON}), {args.programs} per contender a round, uid "
+              f"{os.geteuid()}; seconds per program (above 1 in a ratio: the fleet is faster)")  # fmt: skip
+    for name, values in times.items():
+        bench.show(name, values, extra=f"{1 / sorted(values)[len(values) // 2]:7.1f} programs/s")
+    for name in ("fleet 1 worker", "fleet 2 workers"):
+        bench.compare(f"{name} vs subprocess.run", times["subprocess.run"], times[name])
     if reason is not None:
-        print(f"  ContainerRunner: skipped ({reason})")
-        return
-    times = bench_containers(args.containers, args.image)
-    print(
-        f"  ContainerRunner, 1 worker      median {statistics.median(times):.3f} s/program "
-        f"(min {min(times):.3f}, max {max(times):.3f}, n={len(times)})"
-    )
+        bench.say(f"  ContainerRunner: skipped ({reason})")
+    bench.finish({"args": vars(args), "python": PYTHON, "containers": reason or "ran"})
 
 
 if __name__ == "__main__":
