@@ -10,12 +10,13 @@ make the same GRPO update:
 * ``loop``: plain Python, one episode after another, one policy call per turn, then the same
   packing (``project``) and the same update.
 
-Contenders run interleaved, one cohort each per round, for ``--rounds`` rounds after a
-warm-up round that compiles every program. Printed per contender: episodes/s (median and
-min-max over the rounds) and the shares of the wall time in generation, tool (environment
-open/reset/step: wall time, the rollout runs them on threads) and update; then the ratio of medians with its range (worst/best pairing)
-and whether the goal (>= 3x) is shown. The machine is shared by other jobs: the load average
-before and after is recorded. A JSON record goes to ``--out``.
+Contenders run interleaved by tools/bench/_rounds.py, one cohort each per round, for
+``--rounds`` rounds after a warm-up round that compiles every program, pinned to the same
+CPUs. Printed per contender: seconds per cohort and episodes/s (median and min-max over the
+rounds) and the shares of the wall time in generation, tool (environment open/reset/step:
+wall time, the rollout runs them on threads) and update; then the ratio of medians with the
+per-round spread and the verdict on the goal (>= 3x). The machine is shared by other jobs:
+the load average before and after is recorded in tools/bench/results/episodes.json.
 
     JAX_PLATFORMS=cpu .venv/bin/python tools/bench/bench_episodes.py --rounds 3
 """
@@ -23,21 +24,21 @@ before and after is recorded. A JSON record goes to ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-import jax
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from _rounds import Bench, add_arguments  # noqa: E402
 
-import dew.models
-from dew.inference import TextGeneration
-from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rollouts.episodes import (
+import dew.models  # noqa: E402
+from dew.inference import TextGeneration  # noqa: E402
+from dew.objectives.rl.grpo import GRPOObjective  # noqa: E402
+from dew.objectives.rollouts.episodes import (  # noqa: E402
     Action,
     EpisodeId,
     EpisodeRollout,
@@ -45,11 +46,11 @@ from dew.objectives.rollouts.episodes import (
     Observation,
     Transition,
 )
-from dew.objectives.rollouts.episodes import Episode as EpisodeRecord
-from dew.objectives.rollouts.episodes.projection import project
-from dew.objectives.rollouts.episodes.protocol import as_observation
-from dew.sampling import Sampling
-from dew.sandbox import SandboxLimits, SubprocessEnvironment
+from dew.objectives.rollouts.episodes import Episode as EpisodeRecord  # noqa: E402
+from dew.objectives.rollouts.episodes.projection import project  # noqa: E402
+from dew.objectives.rollouts.episodes.protocol import as_observation  # noqa: E402
+from dew.sampling import Sampling  # noqa: E402
+from dew.sandbox import SandboxLimits, SubprocessEnvironment  # noqa: E402
 
 TASKS, GROUPS, TURNS = 16, 4, 3
 P, R, VOCAB = 24, 8, 32
@@ -74,27 +75,6 @@ for line in sys.stdin:
 
 def verifier(episode) -> float:
     return float(episode.detail == "2")
-
-
-def machine() -> dict:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "devices": jax.device_count(),
-        "shared_machine": "yes: other jobs may run at the same time",
-    }
 
 
 class Loop:
@@ -153,9 +133,9 @@ class Loop:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="bench_episodes.json")
+    add_arguments(parser, rounds=3)
     args = parser.parse_args()
+    bench = Bench("episodes", args.cpus, args.threads)
 
     model = dew.models.build("causal_transformer", vocab_size=VOCAB, emb_features=64,
                              num_layers=2, num_heads=4, mlp_features=128, max_seq_len=64)  # fmt: skip
@@ -203,45 +183,27 @@ def main() -> None:
                 "tool": loop.timings["tool"], "update": seconds, "collect": collected - start,
                 "turns": sum(e.turns for e in episodes)}  # fmt: skip
 
-    load_before = os.getloadavg()
     run_rollout(jax.random.key(99))  # warm-up: compile every program of both contenders
     run_loop(jax.random.key(99))
-    results: dict[str, list[dict]] = {"rollout": [], "loop": []}
-    for index in range(args.rounds):
-        key = jax.random.key(index)
-        results["rollout"].append(run_rollout(key))
-        results["loop"].append(run_loop(key))
-    load_after = os.getloadavg()
-
+    keys = iter(range(10**6))
+    times = bench.rounds({"rollout": lambda: run_rollout(jax.random.key(next(keys) // 2)),
+                          "loop": lambda: run_loop(jax.random.key(next(keys) // 2))},
+                         args.rounds)  # fmt: skip
     episodes = TASKS * GROUPS
-    summary = {}
-    for name, runs in results.items():
-        rates = [episodes / r["total"] for r in runs]
-        share = {part: statistics.median(r[part] / r["total"] for r in runs)
-                 for part in ("generation", "tool", "update")}  # fmt: skip
-        summary[name] = {"episodes_per_s": rates, "median": statistics.median(rates),
-                         "min": min(rates), "max": max(rates), "shares": share,
-                         "turns": [r["turns"] for r in runs]}  # fmt: skip
-        print(f"{name:8s} {statistics.median(rates):7.2f} episodes/s "
-              f"(min {min(rates):.2f}, max {max(rates):.2f}); shares: generation "
-              f"{share['generation']:.0%}, tool {share['tool']:.0%}, update {share['update']:.0%}; "
-              f"turns {summary[name]['turns']}")  # fmt: skip
-    ratio = summary["rollout"]["median"] / summary["loop"]["median"]
-    low = summary["rollout"]["min"] / summary["loop"]["max"]
-    high = summary["rollout"]["max"] / summary["loop"]["min"]
-    verdict = "shown" if low >= GOAL else ("not shown" if high >= GOAL > low else "missed")
-    print(f"ratio rollout/loop: {ratio:.2f}x (range {low:.2f}-{high:.2f}); goal >= {GOAL}x: "
-          f"{verdict}")  # fmt: skip
-    print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f} on "
-          f"{os.cpu_count()} cores (shared machine)")  # fmt: skip
-    record = {"benchmark": "bench_episodes", "episodes": episodes, "turns": TURNS,
-              "rounds": args.rounds, "machine": machine(), "load_before": load_before,
-              "load_after": load_after, "results": results, "summary": summary,
-              "ratio": ratio, "ratio_range": [low, high], "goal": GOAL, "verdict": verdict}  # fmt: skip
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
-    print(f"machine record: {args.out}")
+    bench.say(f"{episodes} episodes ({TASKS} tasks x {GROUPS} samples) of up to {TURNS} turns "
+              "per contender a round; seconds per cohort (collect + update)")  # fmt: skip
+    for name in ("rollout", "loop"):
+        total = times[f"{name} total"]
+        bench.show(f"{name} total", total, 1.0, " s", 2,
+                   extra=f"{episodes / sorted(total)[len(total) // 2]:.2f} episodes/s")  # fmt: skip
+        shares = ", ".join(
+            f"{part} {sorted(times[f'{name} {part}'])[len(total) // 2] / sorted(total)[len(total) // 2]:.0%}"
+            for part in ("generation", "tool", "update")
+        )
+        bench.say(f"  {'':28s} shares of the median: {shares}")
+    bench.compare("rollout vs loop (loop time / rollout time)", times["loop total"],
+                  times["rollout total"], GOAL)  # fmt: skip
+    bench.finish({"episodes": episodes, "turns": TURNS, "goal": GOAL})
 
 
 if __name__ == "__main__":

@@ -11,14 +11,15 @@ The contender is ``tools/bench/torch_flow_step.py`` in the reference venv: the s
 torch and the step as Flow-GRPO's ``scripts/train_sd3.py`` runs it (released
 ``sde_step_with_logprob``, one forward and backward per timestep, one optimizer step).
 
-Rounds interleave the two (dew ``--per-round`` steps, then torch's), after one warm-up step
-each (dew compiles there). Printed per phase and per contender: median and spread (min-max) of
-the steps, and the ratio torch / dew of the medians; a ratio whose min-max ranges overlap is
-reported as "not shown". A JSON record (CPU model, flags, cores, load average before and
-after, every time) goes to ``--out``. The machine is shared with other agents' jobs, so load
+Rounds interleave the two (tools/bench/_rounds.py: dew ``--per-round`` steps, then torch's,
+the order rotating), after one warm-up step each (dew compiles there), both pinned to the
+same CPUs with the same thread count. Printed per phase and per contender: median and spread
+(min-max) over the rounds, and the ratio torch / dew of the medians with the per-round
+spread. A JSON record (CPU model, flags, cores, load average before and after, every time)
+goes to tools/bench/results/flow.json. The machine is shared with other agents' jobs, so load
 from them falls on both contenders alike but widens the spreads.
 
-Usage: .venv/bin/python tools/bench/bench_flow.py [--rounds 3] [--per-round 3] [--out FILE]
+Usage: .venv/bin/python tools/bench/bench_flow.py [--rounds 3] [--per-round 3] [--cpus 0]
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ import argparse
 import itertools
 import json
 import os
-import platform
-import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import jax
 import numpy as np
 import optax
+from _rounds import Bench, Worker, add_arguments, reference_python  # noqa: E402
 
 from dew import Trainer
 from dew.data import Dataset
@@ -52,56 +53,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PHASES = ("sampling", "rewards", "update", "total")
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-class TorchWorker:
+def torch_worker(config: dict[str, Any], tmp: str) -> Worker:
     """torch_flow_step.py in the reference venv, spoken to over JSON lines."""
+    path = os.path.join(tmp, "config.json")
+    Path(path).write_text(json.dumps(config))
+    return Worker([reference_python(), str(Path(__file__).with_name("torch_flow_step.py")), path])
 
-    def __init__(self, config: dict[str, Any], tmp: str) -> None:
-        python = subprocess.run(
-            ["bash", str(ROOT / "tools" / "reference_env.sh")],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.splitlines()[-1]
-        path = os.path.join(tmp, "config.json")
-        Path(path).write_text(json.dumps(config))
-        script = str(Path(__file__).with_name("torch_flow_step.py"))
-        self.proc = subprocess.Popen(
-            [python, script, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        self.info = self._read()
 
-    def _read(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"torch worker exited with {self.proc.wait()}")
-        return json.loads(line)
-
-    def steps(self, count: int) -> list[dict[str, float]]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"time": count}) + "\n")
-        self.proc.stdin.flush()
-        got = self._read()
-        return [
-            {"sampling": s, "rewards": r, "update": u}
-            for s, r, u in zip(got["sampling_s"], got["rewards_s"], got["update_s"])
-        ]
-
-    def close(self) -> None:
-        if self.proc.stdin is not None:
-            self.proc.stdin.write(json.dumps({"quit": True}) + "\n")
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+def torch_steps(worker: Worker, count: int) -> dict[str, list[float]]:
+    got = worker.ask(time=count)
+    out = {"sampling": got["sampling_s"], "rewards": got["rewards_s"], "update": got["update_s"]}
+    out["total"] = [sum(x) for x in zip(*out.values())]
+    return out
 
 
 class DewStep:
@@ -148,91 +111,51 @@ class DewStep:
         return out
 
 
-def summarize(times: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    out = {}
-    for phase in PHASES:
-        values = [t["sampling"] + t["rewards"] + t["update"] if phase == "total" else t[phase]
-                  for t in times]  # fmt: skip
-        out[phase] = {"median_s": statistics.median(values), "min_s": min(values),
-                      "max_s": max(values)}  # fmt: skip
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    add_arguments(parser, rounds=3)
     parser.add_argument("--per-round", type=int, default=3)
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--emb", type=int, default=48)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
-    parser.add_argument("--out", default="bench_flow.json")
     args = parser.parse_args()
-    load_before = os.getloadavg()
+    bench = Bench("flow", args.cpus, args.threads)
     config = {"emb_features": args.emb, "num_layers": args.layers, "num_heads": 4,
               "mlp_ratio": 2, "patch_size": 4, "channels": 3, "size": 16,
               "labels": shapes.LABELS, "rows": args.rows, "groups": args.groups,
-              "steps": args.steps, "lr": 1e-4, "threads": args.torch_threads}  # fmt: skip
+              "steps": args.steps, "lr": 1e-4, "threads": bench.threads}  # fmt: skip
     dew = DewStep(args)
+
+    def dew_steps() -> dict[str, list[float]]:
+        steps = dew.steps(args.per_round)
+        out = {phase: [t[phase] for t in steps] for phase in ("sampling", "rewards", "update")}
+        out["total"] = [sum(x) for x in zip(*out.values())]
+        return out
+
     with tempfile.TemporaryDirectory() as tmp:
-        worker = TorchWorker(config, tmp)
+        worker = torch_worker(config, tmp)
         try:
             dew.steps(1)  # compile
-            worker.steps(1)
-            times: dict[str, list[dict[str, float]]] = {"dew": [], "torch": []}
-            for _ in range(args.rounds):
-                times["dew"] += dew.steps(args.per_round)
-                times["torch"] += worker.steps(args.per_round)
+            worker.ask(time=1)
+            times = bench.rounds({"dew": dew_steps, "torch": lambda: torch_steps(worker,
+                                  args.per_round)}, args.rounds)  # fmt: skip
         finally:
             worker.close()
-    load_after = os.getloadavg()
-    stats = {name: summarize(ts) for name, ts in times.items()}
     n = args.rows * args.groups
-    print(
+    bench.say(
         f"Flow-GRPO step: DiT emb {args.emb}, {args.layers} layers, 16x16x3, patch 4; {n} "
         f"samples ({args.rows} x {args.groups}), {args.steps} time points, all "
-        f"{args.steps - 1} transitions trained"
+        f"{args.steps - 1} transitions trained; jax {jax.__version__}, torch "
+        f"{worker.info['torch']} with {worker.info['threads']} threads; {args.rounds} rounds x "
+        f"{args.per_round} steps, interleaved (a round's value: the median of its steps)"
     )
-    print(
-        f"CPU {cpu_model()}, {os.cpu_count()} cores (shared with other agents' jobs); jax "
-        f"{jax.__version__}, torch {worker.info['torch']} with {worker.info['threads']} threads; "
-        f"{args.rounds} rounds x {args.per_round} steps, interleaved; load {load_before} -> "
-        f"{load_after}"
-    )
-    ratios = {}
     for phase in PHASES:
-        d, t = stats["dew"][phase], stats["torch"][phase]
-        ratio = t["median_s"] / d["median_s"]
-        overlap = not (t["min_s"] > d["max_s"] or d["min_s"] > t["max_s"])
-        ratios[phase] = {"torch_over_dew": ratio, "shown": not overlap}
-        print(
-            f"  {phase:9s} dew {d['median_s'] * 1e3:8.1f} ms ({d['min_s'] * 1e3:.1f}-"
-            f"{d['max_s'] * 1e3:.1f})  torch {t['median_s'] * 1e3:8.1f} ms "
-            f"({t['min_s'] * 1e3:.1f}-{t['max_s'] * 1e3:.1f})  torch/dew "
-            f"{ratio:5.2f}x{'' if not overlap else '  (spreads overlap: not shown)'}"
-        )
-    record = {
-        "bench": "bench_flow",
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "jax": jax.__version__,
-        "torch": worker.info,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "load_before": load_before,
-        "load_after": load_after,
-        "shared_machine": True,
-        "args": vars(args),
-        "stats": stats,
-        "ratios": ratios,
-        "times": times,
-    }
-    tmp_out = f"{args.out}.tmp"
-    Path(tmp_out).write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp_out, args.out)
-    print(f"record: {args.out}")
+        for name in ("dew", "torch"):
+            bench.show(f"{name} {phase}", times[f"{name} {phase}"])
+        bench.compare(f"{phase} torch / dew", times[f"torch {phase}"], times[f"dew {phase}"])
+    bench.finish({"args": vars(args), "torch": worker.info})
 
 
 if __name__ == "__main__":

@@ -21,13 +21,14 @@ Contenders:
   one AdamW over both models. TRL 1.16 has no PPO trainer any more (it left TRL before 1.0), so
   there is no TRL PPO step to time; this torch loop is the peer.
 
-Rounds alternate the contenders (torch in a fresh process each round, Dew compiled once), each
-timing ``--steps`` updates after one warm-up update; a round's time is the median of its steps.
+Rounds alternate the contenders (tools/bench/_rounds.py; torch in a fresh process each round,
+Dew compiled once; both pinned to the same CPUs with the same thread count), each timing
+``--steps`` updates after one warm-up update; a round's time is the median of its steps.
 Printed: per contender the median over rounds and the spread (min-max), the ratio of medians
-torch / Dew (above 1: Dew faster) and its spread, which is reported as "not shown" when it
-crosses 1. A JSON machine record (CPU model, flags, core count, load average before and after)
-is written beside the numbers (``--out``). The machine is shared with other work; the load
-average shows how busy it was.
+torch / Dew (above 1: Dew faster) with the per-round spread, "not shown" when it crosses 1. A
+JSON machine record (CPU model, flags, core count, load average before and after) goes to
+tools/bench/results/ppo_step.json. The machine is shared with other work; the load average
+shows how busy it was.
 """
 
 from __future__ import annotations
@@ -35,13 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import Bench, add_arguments, reference_python  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 B, T = 8, 256
@@ -50,9 +53,11 @@ CONFIG = dict(vocab_size=4096, hidden_size=256, intermediate_size=1088, num_hidd
               num_attention_heads=4, num_key_value_heads=2, head_dim=64)  # fmt: skip
 
 REFERENCE = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
 import torch
+if int(os.environ.get("DEW_BENCH_THREADS", "0")) > 0:  # the harness's thread count
+    torch.set_num_threads(int(os.environ["DEW_BENCH_THREADS"]))
 from transformers import Qwen3Config, Qwen3ForCausalLM
 mode, directory, cfg = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 torch.manual_seed(0)
@@ -103,28 +108,6 @@ for _ in range(steps):
     start = time.perf_counter(); update(); times.append(time.perf_counter() - start)
 print(json.dumps({"step_s": times, "threads": torch.get_num_threads(), "torch": torch.__version__}))
 """
-
-
-def reference_python() -> str:
-    script = ROOT / "tools" / "reference_env.sh"
-    done = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
-def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {"platform": platform.platform(), "cores": os.cpu_count()}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            if line.startswith("model name") and "cpu_model" not in info:
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-            if line.startswith("flags") and "flags" not in info:
-                flags = line.split(":", 1)[1].split()
-                info["flags"] = [f for f in flags if f.startswith(("avx", "fma", "amx", "sse4"))]
-    except OSError:
-        pass
-    info["affinity"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return info
 
 
 def make_batch() -> dict[str, Any]:
@@ -185,29 +168,17 @@ class DewUpdate:
         return time.perf_counter() - start
 
 
-def spread(values: list[float]) -> str:
-    return f"{min(values) * 1e3:.0f}-{max(values) * 1e3:.0f} ms"
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
-
-
 def main() -> None:
     import numpy as np
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    add_arguments(parser, rounds=3)
     parser.add_argument("--steps", type=int, default=4, help="timed updates per round")
-    parser.add_argument("--out", type=Path, default=Path("bench_ppo_step.json"))
     args = parser.parse_args()
-    if args.rounds < 3:
-        sys.exit("--rounds: expected at least 3")
-    record: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg()}
+    bench = Bench("ppo_step", args.cpus, args.threads)
     python = reference_python()
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    rounds: dict[str, list[float]] = {"torch": [], "dew": []}
+    info: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as directory:
         ckpt = str(Path(directory) / "qwen3")
         done = subprocess.run(
@@ -221,7 +192,8 @@ def main() -> None:
         data = str(Path(directory) / "batch.npz")
         np.savez(data, **batch)
         dew = DewUpdate(ckpt, batch)
-        for number in range(args.rounds):
+
+        def torch_round() -> list[float]:
             done = subprocess.run(
                 [python, "-c", REFERENCE, "run", ckpt, json.dumps(CONFIG), str(args.steps),
                  str(BETA), str(VALUE_COEFFICIENT), str(VALUE_CLIP), data],
@@ -229,41 +201,25 @@ def main() -> None:
             )  # fmt: skip
             if done.returncode != 0:
                 sys.exit(done.stderr[-4000:])
-            torch_round = json.loads(done.stdout.strip().splitlines()[-1])
-            rounds["torch"].append(median(torch_round["step_s"]))
-            rounds["dew"].append(median([dew() for _ in range(args.steps)]))
-            print(
-                f"round {number + 1}: torch {rounds['torch'][-1] * 1e3:.0f} ms, "
-                f"dew {rounds['dew'][-1] * 1e3:.0f} ms per update"
-            )
-    record["load_after"] = os.getloadavg()
-    torch_median, dew_median = median(rounds["torch"]), median(rounds["dew"])
-    ratio = torch_median / dew_median
-    low, high = min(rounds["torch"]) / max(rounds["dew"]), max(rounds["torch"]) / min(rounds["dew"])
-    verdict = "shown" if low > 1 or high < 1 else "not shown (the spread crosses 1)"
-    print(
-        f"model: Qwen3 {written['params'] / 1e6:.2f}M parameters (policy, reference and critic "
-        f"each), [{B}, {T}] tokens, response {T // 2} per row, AdamW over policy + critic"
-    )
-    print(f"torch {torch_round['torch']} ({torch_round['threads']} threads) with verl 0.9.1 losses")
-    print(f"dew first update (compile + run): {dew.first_step_s:.1f} s")
-    for name in ("torch", "dew"):
-        print(
-            f"{name:6s} median {median(rounds[name]) * 1e3:7.1f} ms  spread {spread(rounds[name])}"
+            got = json.loads(done.stdout.strip().splitlines()[-1])
+            info.update(torch=got["torch"], threads=got["threads"])
+            return got["step_s"]
+
+        times = bench.rounds(
+            {"torch": torch_round, "dew": lambda: [dew() for _ in range(args.steps)]}, args.rounds
         )
-    print(f"ratio torch / dew: {ratio:.2f}x (spread {low:.2f}-{high:.2f}x; Dew faster: {verdict})")
-    print(
-        f"load average before {record['load_before'][0]:.1f}, after {record['load_after'][0]:.1f} "
-        f"on {os.cpu_count()} cores, shared with other work"
+    bench.say(
+        f"model: Qwen3 {written['params'] / 1e6:.2f}M parameters (policy, reference and critic "
+        f"each), [{B}, {T}] tokens, response {T // 2} per row, AdamW over policy + critic; torch "
+        f"{info['torch']} ({info['threads']} threads) with verl 0.9.1 losses, a fresh process "
+        f"per round; dew first update (compile + run) {dew.first_step_s:.1f} s"
     )
-    record.update(
-        rounds=rounds, ratio=ratio, ratio_spread=[low, high], verdict=verdict,
-        dew_first_step_s=dew.first_step_s, dew_parameters=dew.parameters,
-        torch=torch_round["torch"], threads=torch_round["threads"],
-        shape={"batch": B, "tokens": T, **CONFIG},
-    )  # fmt: skip
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"machine record: {args.out}")
+    for name in ("torch", "dew"):
+        bench.show(name, times[name])
+    bench.compare("torch / dew update time", times["torch"], times["dew"], 1.0)
+    bench.finish({"args": vars(args), "dew_first_step_s": dew.first_step_s,
+                  "dew_parameters": dew.parameters, "shape": {"batch": B, "tokens": T, **CONFIG},
+                  **info})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ serves it in float32 (`--dtype float32`), and `NativeRolloutServer` serves the s
 (`load_pretrained`, float32) on a `Server` with 32 slots. Both draw 64 new tokens per
 request at temperature one with no EOS, for the same prompts and seeds, at 1, 8 and 32
 concurrent requests (each level submits 2x that many requests, at most that many in
-flight). Draws per second and new tokens per second are timed per round; contenders
-alternate order in each of the interleaved rounds. The ratio is native / vLLM (above one:
+flight). Seconds per draw are timed per round; contenders rotate order in each of the
+interleaved rounds. The ratio is native / vLLM (above one:
 native faster); the goal is native within 2x of vLLM, i.e. a ratio >= 0.5.
 
 Part 2, publication. A ~100M-parameter Qwen3 tree is pushed with `SafetensorsReload`
@@ -21,19 +21,17 @@ Part 2, publication. A ~100M-parameter Qwen3 tree is pushed with `SafetensorsRel
 version / resume on a real engine serving that checkpoint) and, in the same rounds, the
 same tensors are written with `safetensors.numpy.save_file` alone.
 
-The machine is shared (on the project's 2-core machine, by several agents at once), so
-every number comes with its spread (min-max over rounds) and the machine record is
-written to JSON (--out, default bench_rollout.json): CPU model, flags, core count, load
-average before and after. A ratio whose spread crosses the goal is reported "not shown".
+The rounds come from tools/bench/_rounds.py (order rotating, both sides pinned to the same
+CPUs). The machine is shared (on the project's 2-core machine, by several agents at once),
+so every number comes with its spread (min-max over rounds) and the machine record is
+written to tools/bench/results/rollout.json: CPU model, flags, core count, load average
+before and after. A ratio whose per-round spread crosses the goal is reported "not shown".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import sys
 import tempfile
 import threading
@@ -42,11 +40,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "packages" / "dew-rollout" / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import httpx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from _rounds import Bench, add_arguments  # noqa: E402
 from rollout_engine import (  # noqa: E402
     SERVED_NAME,
     TINY,
@@ -75,23 +75,6 @@ BIG = dict(TINY, vocab_size=32000, emb_features=640, num_layers=10, num_heads=10
            num_kv_heads=5, mlp_features=2560, max_seq_len=1024)  # fmt: skip
 
 
-def machine() -> dict:
-    info = {"cpu_model": platform.processor() or "", "cores": os.cpu_count(), "flags": []}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            if line.startswith("model name") and not info["cpu_model"]:
-                info["cpu_model"] = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma")
-                info["flags"] = sorted(flags & set(wanted))
-                break
-    except OSError:
-        pass
-    return info
-
-
 def run_level(server, prompts: list[list[int]], concurrency: int) -> tuple[float, int]:
     """Submit every prompt with at most `concurrency` in flight; (seconds, new tokens)."""
     gate = threading.Semaphore(concurrency)
@@ -106,12 +89,7 @@ def run_level(server, prompts: list[list[int]], concurrency: int) -> tuple[float
     return time.perf_counter() - start, tokens
 
 
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "values": values}  # fmt: skip
-
-
-def throughput(rounds: int, python: Path, work: Path) -> dict:
+def throughput(bench: Bench, rounds: int, python: Path, work: Path) -> None:
     policy = tiny_pretrained()
     directory = work / "tiny"
     SafetensorsReload(policy, directory, ["http://127.0.0.1:1"]).write()
@@ -131,37 +109,28 @@ def throughput(rounds: int, python: Path, work: Path) -> dict:
         for c in LEVELS:  # warm-up: compiles and caches out of the timed rounds
             for server in contenders.values():
                 run_level(server, prompts[c], c)
-        results: dict = {
-            name: {c: {"draws": [], "tokens": []} for c in LEVELS} for name in contenders
-        }
-        for r in range(rounds):
-            order = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
-            for c in LEVELS:
-                for name in order:
-                    seconds, tokens = run_level(contenders[name], prompts[c], c)
-                    results[name][c]["draws"].append(len(prompts[c]) / seconds)
-                    results[name][c]["tokens"].append(tokens / seconds)
-                    print(f"round {r} c={c:>2} {name:>6}: {len(prompts[c]) / seconds:7.2f} draws/s "
-                          f"{tokens / seconds:8.1f} tokens/s", flush=True)  # fmt: skip
+        calls = {}
+        for c in LEVELS:
+            for name, server in contenders.items():
+                calls[f"{name} c={c}"] = lambda server=server, c=c: (
+                    run_level(server, prompts[c], c)[0] / len(prompts[c])
+                )
+        times = bench.rounds(calls, rounds)
     finally:
         native.close()
         remote.close()
         client.close()
         startup = engine.startup_seconds
         engine.close()
-    report: dict = {"engine_startup_s": startup, "levels": {}}
+    bench.say(f"throughput: {NEW_TOKENS} new tokens per draw, prompt {PROMPT_LEN}, 2 x c draws "
+              f"per level, at most c in flight; vLLM engine startup {startup:.1f} s; seconds per "
+              "draw (the ratio is vLLM time / native time = native / vLLM draws per second)")  # fmt: skip
     for c in LEVELS:
-        n, v = results["native"][c], results["vllm"][c]
-        ratios = [a / b for a, b in zip(n["draws"], v["draws"])]
-        ratio = statistics.median(n["draws"]) / statistics.median(v["draws"])
-        shown = min(ratios) >= GOAL or max(ratios) < GOAL
-        report["levels"][c] = {
-            "native_draws_per_s": summary(n["draws"]), "vllm_draws_per_s": summary(v["draws"]),
-            "native_tokens_per_s": summary(n["tokens"]), "vllm_tokens_per_s": summary(v["tokens"]),
-            "ratio_of_medians": ratio, "ratio_per_round": ratios,
-            "goal_met": (ratio >= GOAL) if shown else "not shown",
-        }  # fmt: skip
-    return report
+        for name in contenders:
+            values = times[f"{name} c={c}"]
+            bench.show(f"{name} c={c}", values,
+                       extra=f"{1 / sorted(values)[len(values) // 2]:.2f} draws/s")  # fmt: skip
+        bench.compare(f"c={c} native / vLLM", times[f"vllm c={c}"], times[f"native c={c}"], GOAL)
 
 
 def big_policy() -> Pretrained:
@@ -170,7 +139,7 @@ def big_policy() -> Pretrained:
     return Pretrained.from_model(model, jax.tree.map(np.asarray, variables))
 
 
-def publication(rounds: int, python: Path | None, work: Path) -> dict:
+def publication(bench: Bench, rounds: int, python: Path | None, work: Path) -> None:
     policy = big_policy()
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(policy.variables))
     directory = work / "big"
@@ -181,32 +150,34 @@ def publication(rounds: int, python: Path | None, work: Path) -> dict:
         engine = VLLMEngine(python, directory, work / "vllm-big.log")
         reload = SafetensorsReload(policy, directory, [engine.url], timeout=600)
     variants = [policy.variables, tiny_variant(policy.variables)]
-    push, alone = [], []
+    version = iter(range(1, 10**6))
+
+    def push() -> float:
+        number = next(version)
+        start = time.perf_counter()
+        if engine is not None:
+            reload(variants[number % 2], number)
+        else:
+            reload.write(variants[number % 2])
+        return time.perf_counter() - start
+
+    def alone() -> float:
+        start = time.perf_counter()
+        tensors = dict(policy.replace(variables=variants[0]).export("bfloat16"))
+        save_file(tensors, str(work / "alone.safetensors"))
+        return time.perf_counter() - start
+
     try:
-        for r in range(rounds):
-            variables = variants[r % 2]
-            for name in ("push", "alone") if r % 2 == 0 else ("alone", "push"):
-                start = time.perf_counter()
-                if name == "push":
-                    if engine is not None:
-                        reload(variables, r + 1)
-                    else:
-                        reload.write(variables)
-                    push.append(time.perf_counter() - start)
-                else:
-                    tensors = dict(policy.replace(variables=variables).export("bfloat16"))
-                    save_file(tensors, str(work / "alone.safetensors"))
-                    alone.append(time.perf_counter() - start)
-                print(f"round {r} {name:>5}: {(push if name == 'push' else alone)[-1]:.2f} s",
-                      flush=True)  # fmt: skip
+        times = bench.rounds({"push": push, "alone": alone}, rounds, group="publication")
     finally:
         if engine is not None:
             engine.close()
-    return {
-        "parameters": count, "bytes_bf16": 2 * count, "reload_on_real_engine": engine is not None,
-        "safetensors_reload_push_s": summary(push), "safetensors_alone_s": summary(alone),
-        "ratio_of_medians": statistics.median(push) / statistics.median(alone),
-    }  # fmt: skip
+    bench.say(f"publication: {count / 1e6:.1f}M parameters, bfloat16; SafetensorsReload push "
+              f"{'on a real engine' if engine is not None else '(write only)'} vs safetensors "
+              "save_file alone")  # fmt: skip
+    bench.show("SafetensorsReload push", times["push"], 1.0, " s", 2)
+    bench.show("safetensors alone", times["alone"], 1.0, " s", 2)
+    bench.compare("push / alone time", times["push"], times["alone"])
 
 
 def tiny_variant(variables):
@@ -215,37 +186,18 @@ def tiny_variant(variables):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default="bench_rollout.json")
+    add_arguments(parser, rounds=3)
     parser.add_argument("--skip-push", action="store_true")
     args = parser.parse_args()
+    bench = Bench("rollout", args.cpus, args.threads)
     python, reason = vllm_python()
     if python is None:
         sys.exit(f"bench_rollout: {reason}")
-    record: dict = {"machine": machine(), "load_before": os.getloadavg(), "rounds": args.rounds,
-                    "new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN,
-                    "note": "shared machine: other agents' processes run alongside"}  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
-        record["throughput"] = throughput(args.rounds, python, Path(work))
-        for c, level in record["throughput"]["levels"].items():
-            n, v = level["native_draws_per_s"], level["vllm_draws_per_s"]
-            print(f"c={c:>2}: native {n['median']:.2f} [{n['min']:.2f}-{n['max']:.2f}] draws/s, "
-                  f"vLLM {v['median']:.2f} [{v['min']:.2f}-{v['max']:.2f}] draws/s, "
-                  f"ratio {level['ratio_of_medians']:.2f} (goal >= {GOAL}: {level['goal_met']})")  # fmt: skip
-            nt, vt = level["native_tokens_per_s"], level["vllm_tokens_per_s"]
-            print(f"      native {nt['median']:.0f} [{nt['min']:.0f}-{nt['max']:.0f}] tokens/s, "
-                  f"vLLM {vt['median']:.0f} [{vt['min']:.0f}-{vt['max']:.0f}] tokens/s")  # fmt: skip
+        throughput(bench, args.rounds, python, Path(work))
         if not args.skip_push:
-            record["publication"] = publication(args.rounds, python, Path(work))
-            pub = record["publication"]
-            p, a = pub["safetensors_reload_push_s"], pub["safetensors_alone_s"]
-            print(f"{pub['parameters'] / 1e6:.1f}M parameters: SafetensorsReload push "
-                  f"{p['median']:.2f} s [{p['min']:.2f}-{p['max']:.2f}], safetensors alone "
-                  f"{a['median']:.2f} s [{a['min']:.2f}-{a['max']:.2f}], "
-                  f"ratio {pub['ratio_of_medians']:.2f}")  # fmt: skip
-    record["load_after"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(record, indent=2))
-    print(f"machine record: {args.out}")
+            publication(bench, args.rounds, python, Path(work))
+    bench.finish({"new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN, "goal": GOAL})
 
 
 if __name__ == "__main__":

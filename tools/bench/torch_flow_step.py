@@ -117,7 +117,7 @@ def main() -> None:
     print(json.dumps({"torch": torch.__version__, "threads": torch.get_num_threads()}), flush=True)
     for line in sys.stdin:
         cmd = json.loads(line)
-        if cmd.get("quit"):
+        if cmd.get("quit") or cmd.get("op") == "quit":
             break
         out: dict[str, list[float]] = {"sampling_s": [], "rewards_s": [], "update_s": []}
         for _ in range(int(cmd["time"])):
