@@ -27,7 +27,12 @@ Run::
 
     python examples/train_harbor.py --checkpoint /ckpt/policy --engine http://127.0.0.1:8011 \\
         --gateway http://127.0.0.1:9090 --sandbox-host 10.0.0.5 --tasks ./tasks \\
-        --harbor "uv tool run harbor" --model hosted_vllm/policy --steps 20
+        --harbor "uv tool run harbor" --model hosted_vllm/policy --steps 20 \\
+        --harbor-arg=--agent-kwarg \\
+        --harbor-arg='model_info={"max_input_tokens": 32768, "max_output_tokens": 4096,
+                                  "input_cost_per_token": 0, "output_cost_per_token": 0}'
+
+(terminus-2 refuses a ``hosted_vllm`` model without ``model_info``.)
 """
 
 from __future__ import annotations

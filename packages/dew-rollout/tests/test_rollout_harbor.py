@@ -153,11 +153,17 @@ def test_cancel_kills_the_trial(source, tmp_path):
 def test_a_gateway_that_never_gets_ready_breaks_the_source(tmp_path):
     gateway = Gateway("http://127.0.0.1:9")
     with HarborSource(
-        gateway, harbor=STANDIN, model="m", trials=tmp_path / "t", ready_timeout=0.3
+        gateway, harbor=STANDIN, model="m", trials=tmp_path / "t", ready_timeout=1.5
     ) as source:
-        future = source.submit(Task("a", str(make_task(tmp_path, "a"))), seed=0)
-        with pytest.raises(GatewayNotReady, match=r"not ready after 0\.3 s"):
+        task = Task("a", str(make_task(tmp_path, "a")))
+        future = source.submit(task, seed=0)
+        started = time.monotonic()
+        waiting = source.submit(task, seed=1)  # submit and cancel never wait on the gateway
+        source.cancel(waiting)
+        assert time.monotonic() - started < 0.5
+        with pytest.raises(GatewayNotReady, match=r"not ready after 1\.5 s"):
             future.result(timeout=30)
+        assert waiting.result(timeout=30).status is Status.CANCELLED
     gateway.close()
 
 

@@ -187,6 +187,7 @@ class HarborSource:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dew-harbor")
         self._lock = threading.Lock()
         self._ready = False
+        self._ready_lock = threading.Lock()
         self._running: dict[Future[Session], _Trial] = {}
 
     def submit(self, task: Task, *, seed: int) -> Future[Session]:
@@ -212,11 +213,17 @@ class HarborSource:
             return
         trial.stop()
 
-    def _ensure_ready(self) -> None:
-        with self._lock:
-            if self._ready:
+    def _ensure_ready(self, trial: _Trial) -> None:
+        # its own lock: submit and cancel must not wait on a slow gateway
+        with self._ready_lock:
+            if self._ready or trial.cancelled:
                 return
-            self.gateway.ready(self.ready_timeout)
+            try:
+                self.gateway.ready(self.ready_timeout)
+            except EngineError:
+                if trial.cancelled:
+                    return
+                raise
             self._ready = True
 
     def argv(self, session: str, directory: Path) -> list[str]:
@@ -231,7 +238,7 @@ class HarborSource:
         ]  # fmt: skip
 
     def _run(self, trial: _Trial) -> Session:
-        self._ensure_ready()
+        self._ensure_ready(trial)
         log = self.trials / f"{trial.session}.log"
         with open(log, "wb") as out:
             trial.start(self.argv(trial.session, trial.directory), out, self.env)
