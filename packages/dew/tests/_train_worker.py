@@ -5,6 +5,7 @@ usage: _train_worker.py OUT_NPZ STEPS [--run-dir DIR] [--checkpoint-every N]
 
 Trains a tiny decoder with LMObjective on deterministic batches (global batch 8, each process
 reading its own rows) and writes the final train state leaves to OUT_NPZ from process 0.
+Stopped by SIGINT/SIGTERM it prints ``interrupted STEP SIGNAL PROCESS`` and exits with 3.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> None:
     from dew.data import Dataset
     from dew.objectives.lm import LMObjective
     from dew.testing import tiny_decoder
-    from dew.trainer import Trainer
+    from dew.trainer import Trainer, TrainingInterrupted
 
     seq, vocab, rows = 8, 32, 8
 
@@ -86,8 +87,12 @@ def main() -> None:
         microbatches=args.microbatches,
         fsdp=args.fsdp,
     )
-    state = trainer.fit(Dataset(train=train, batch=rows), steps=args.steps, run_dir=args.run_dir,
-                        log_every=1)  # fmt: skip
+    try:
+        state = trainer.fit(Dataset(train=train, batch=rows), steps=args.steps,
+                            run_dir=args.run_dir, log_every=1)  # fmt: skip
+    except TrainingInterrupted as stopped:
+        print("interrupted", stopped.step, stopped.signal_name, stopped.process, flush=True)
+        sys.exit(3)
     from dew.trainer.checkpoint import to_host
 
     leaves = [to_host(x) for x in jax.tree.leaves(state)]

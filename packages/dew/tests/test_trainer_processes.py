@@ -1,4 +1,5 @@
-"""Real processes: two JAX processes training together, and a run killed with SIGKILL."""
+"""Real processes: two JAX processes training together (stopped by a signal to one of them,
+then resumed), and a run killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -42,9 +43,10 @@ def leaves(path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def two_processes(out, steps: str, run_dir, *extra: str) -> None:
+def launch_two(out, steps: str, run_dir, *extra: str) -> list[subprocess.Popen]:
+    """Two worker processes of two devices each, joined through jax.distributed."""
     port = free_port()
-    procs = [
+    return [
         subprocess.Popen(
             [
                 sys.executable,
@@ -70,27 +72,49 @@ def two_processes(out, steps: str, run_dir, *extra: str) -> None:
         )  # fmt: skip
         for i in range(2)
     ]
-    for p in procs:
-        out_text, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        assert f"done {steps}" in out_text
 
 
-def test_two_processes_match_one(tmp_path):
+def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    done = [(p, *p.communicate(timeout=300)) for p in procs]
+    return [(p.returncode, out, err) for p, out, err in done]
+
+
+def test_two_processes_stop_together_resume_and_match_one(tmp_path):
     """Two processes of two devices each train on the global batch of one process of four,
-    with parameters and optimizer state sharded over the four devices (FSDP), and resume
-    together from the checkpoint they wrote, each process having written its own shards."""
-    run([str(tmp_path / "single.npz"), "3", "--devices", "4"])
-    two_processes(tmp_path / "multi.npz", "2", tmp_path / "run", "--fsdp")
-    saved = tmp_path / "run" / "checkpoints" / "step_00000002"
+    with parameters and optimizer state sharded over the four devices (FSDP). A SIGTERM to
+    process 1 alone stops both after the same step, each writing its own shards of that
+    step's checkpoint; the rerun resumes there and ends where one process of four does."""
+    run([str(tmp_path / "single.npz"), "4", "--devices", "4"])
+    run_dir = tmp_path / "run"
+    procs = launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp", "--sleep", "1.0")
+    deadline = time.time() + 240
+    while time.time() < deadline and all(p.poll() is None for p in procs):
+        if (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text():
+            break  # step 1 is logged: both processes are inside fit, handlers installed
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    ends = finish(procs)
+    for code, out, err in ends:
+        assert code == 3, out + err[-3000:]
+    stopped = {out.split("interrupted ", 1)[1].split()[0] for _, out, _ in ends}
+    assert len(stopped) == 1, [out for _, out, _ in ends]  # the same step on both processes
+    step = int(stopped.pop())
+    assert 1 <= step < 4
+    for _, out, _ in ends:  # both name the signal and the process that received it
+        assert f"interrupted {step} SIGTERM 1" in out
+    saved = run_dir / "checkpoints" / f"step_{step:08d}"
+    assert [p.name for p in saved.parent.iterdir()] == [saved.name]
     meta = json.loads((saved / "meta.json").read_text())
-    assert meta["format"] == 2 and meta["processes"] == 2
+    assert (meta["format"], meta["processes"], meta["position"]) == (2, 2, step)
     for p in (0, 1):  # orbax's per-process stores: each process wrote the shards it holds
         written = [n for n in meta["sha256"] if n.startswith(f"state/ocdbt.process_{p}/d/")]
         assert written, sorted(meta["sha256"])
-    two_processes(tmp_path / "multi.npz", "3", tmp_path / "run", "--fsdp")  # resumes at step 2
-    steps = [json.loads(x)["step"] for x in open(tmp_path / "run" / "metrics.jsonl")]
-    assert steps == [1, 2, 3]
+    ends = finish(launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp"))
+    for code, out, err in ends:
+        assert code == 0 and "done 4" in out, err[-3000:]
+    assert f"resuming from step {step}" in ends[0][2]
+    steps = [json.loads(x)["step"] for x in open(run_dir / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4]
     single, multi = leaves(tmp_path / "single.npz"), leaves(tmp_path / "multi.npz")
     assert len(single) == len(multi)
     for a, b in zip(single, multi):

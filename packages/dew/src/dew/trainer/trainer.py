@@ -220,7 +220,9 @@ class Trainer:
         Raises ``NonFiniteLossError`` naming the step whose loss was not finite; that step
         is not saved, so the newest checkpoint stays the last good one. On SIGINT or SIGTERM
         the step in flight finishes, a checkpoint of it is saved (with ``run_dir``) and
-        ``TrainingInterrupted`` is raised; running ``fit`` again resumes from there.
+        ``TrainingInterrupted`` is raised; running ``fit`` again resumes from there. On a
+        multi-process run a signal to any one process stops every process after the same
+        step (``dew.trainer.signals``), all saving that step's checkpoint together.
         """
         if not isinstance(data, Dataset):
             raise TypeError(f"data: expected a dew.data.Dataset, got {type(data).__name__}")
@@ -313,7 +315,8 @@ class Trainer:
                 log_now = log_every is not None and number % log_every == 0
                 ckpt_now = self.checkpoint_every is not None and number % self.checkpoint_every == 0
                 eval_now = eval_every is not None and number % eval_every == 0
-                stopping = stop.signal_name is not None
+                stopped_by = stop.agreed(number)  # the same answer on every process
+                stopping = stopped_by is not None
                 if log_now or ckpt_now or eval_now or number == steps or stopping:
                     host = check(pending)
                     pending = None
@@ -336,9 +339,8 @@ class Trainer:
                             tracker.write(record)
                     if ckpt_now or number == steps or stopping:
                         save(number)
-                if stopping and number < steps:
-                    assert stop.signal_name is not None
-                    raise TrainingInterrupted(number, stop.signal_name, run_dir)
+                if stopped_by is not None and number < steps:
+                    raise TrainingInterrupted(number, stopped_by[0], run_dir, stopped_by[1])
             if pending is not None:
                 check(pending)
         finally:
