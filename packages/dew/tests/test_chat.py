@@ -81,11 +81,27 @@ def test_tools_and_tool_calls_pass_through(tok):
     assert spans(ids, roles, tok, Role.TOOL) == ["<|im_start|>tool\nsunny<|im_end|>\n"]
 
 
-def test_prefix_check_names_conversation(tok, tmp_path):
-    # a template that writes only the last message rewrites earlier tokens
-    bad = ChatTokenizer(tok.tokenizer, "{{ messages[-1].role }}: {{ messages[-1].content }}\n")
-    with pytest.raises(ValueError, match="conversation 7: .*not append-only"):
-        render_roles(bad, CONVERSATIONS[0]["messages"], index=7)
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        # writes only the last message, so every longer prefix rewrites earlier tokens
+        ("{{ messages[-1].role }}: {{ messages[-1].content }}\n",
+         "rendering message 1 changes earlier tokens (first difference at token 6); the chat "
+         "template is not append-only here"),
+        ("{% for m in messages %}{% if m.role == 'assistant' %}{{ raise_exception('no "
+         "assistants here') }}{% endif %}{{ m.content }}{% endfor %}",
+         "the chat template failed at message 1 (TemplateError: no assistants here)"),
+        ("{% for m in messages %}{{ m.content.nosuch() }}{% endfor %}",
+         "the chat template failed at message 0 (UndefinedError: "),
+    ],
+)  # fmt: skip
+def test_template_errors_name_the_file_line(tok, tmp_path, template, message):
+    """Rows are named by their line in the file (blank lines count), not by their index."""
+    bad = ChatTokenizer(tok.tokenizer, template)
+    path = write_jsonl(tmp_path / "t.jsonl", ["", json.dumps(CONVERSATIONS[0])])
+    with pytest.raises(ValueError) as caught:
+        ChatMessages(path, bad, seq_len=512).encode(path, bad)
+    assert str(caught.value).startswith(f"{path}: line 2: {message}")
 
 
 @pytest.mark.parametrize(

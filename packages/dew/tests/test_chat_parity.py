@@ -35,7 +35,7 @@ def test_ids_and_assistant_masks_match_trl(recorded):
     largest = 0
     for i, conv in enumerate(convs):
         messages = conv.get("messages", conv.get("prompt"))
-        ids, roles = render_roles(tok, messages, conv.get("tools"), index=i)
+        ids, roles = render_roles(tok, messages, conv.get("tools"), where=f"conversation {i}")
         want_ids = np.asarray(recorded["input_ids"][i])
         want_mask = np.asarray(recorded["assistant_masks"][i]).astype(bool)
         assert ids.tolist() == want_ids.tolist(), f"conversation {i}: ids differ"

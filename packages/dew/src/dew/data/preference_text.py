@@ -99,10 +99,7 @@ def _message_side(
     _check_messages(messages, where)
     if not any(Role.parse(m["role"]) is Role.ASSISTANT for m in completion):
         raise ValueError(f"{where}: the completion has no assistant message")
-    try:
-        ids, roles = render_roles(tokenizer, messages)
-    except ValueError as err:
-        raise ValueError(f"{where}: {err}") from None
+    ids, roles = render_roles(tokenizer, messages, where=where)
     start = (
         len(tokenizer.encode(tokenizer.render(prompt, add_generation_prompt=True))) if prompt else 0
     )

@@ -291,10 +291,7 @@ class ChatMessages:
         for i, raw in enumerate(raw_rows):
             where = f"{name}: {labels[i]}"
             messages, tools = conversation(raw, self.column, where)
-            try:
-                ids, roles = render_roles(tokenizer, messages, tools, index=i)
-            except ValueError as err:
-                raise ValueError(f"{name}: {err}") from None
+            ids, roles = render_roles(tokenizer, messages, tools, where=where)
             if len(ids) > width:
                 raise ValueError(
                     f"{where}: the conversation renders to {len(ids)} tokens, more than a row of "

@@ -9,7 +9,8 @@ model is asked to generate: the content and the template's end-of-turn tokens.
 
 Every shorter rendering's ids must be a prefix of the next one's; a template that rewrites
 earlier tokens (for example one that drops reasoning from past turns) raises ``ValueError``
-naming the conversation index and the message.
+naming the conversation (``where``: the readers pass the file and line, ``chat.jsonl: line
+3``) and the message. So does a template that raises (``raise_exception``) or fails.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jinja2
 import numpy as np
 
 from dew.data.chat.roles import Role
@@ -28,11 +30,25 @@ def render_roles(
     messages: Sequence[Mapping[str, Any]],
     tools: Sequence[Mapping[str, Any]] | None = None,
     *,
-    index: int = 0,
+    where: str = "conversation",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids int32 [N], roles int8 [N])`` of one validated conversation."""
+    """``(ids int32 [N], roles int8 [N])`` of one validated conversation.
+
+    ``where`` starts every error message (the readers pass ``"<file>: line <n>"``).
+    """
     ids: list[int] = []
     roles: list[int] = []
+
+    def render(k: int, header: bool) -> list[int]:
+        """Ids of messages up to ``k`` (``header``: before ``k``, plus the generation prompt)."""
+        upto = messages[:k] if header else messages[: k + 1]
+        try:
+            text = tokenizer.render(upto, tools, add_generation_prompt=header)
+        except jinja2.TemplateError as err:
+            raise ValueError(
+                f"{where}: the chat template failed at message {k} ({type(err).__name__}: {err})"
+            ) from None
+        return tokenizer.encode(text)
 
     def extend(new: list[int], role: Role, what: str) -> None:
         if new[: len(ids)] != ids:
@@ -42,19 +58,15 @@ def render_roles(
                 else len(new)
             )
             raise ValueError(
-                f"conversation {index}: rendering {what} changes earlier tokens (first "
+                f"{where}: rendering {what} changes earlier tokens (first "
                 f"difference at token {at}); the chat template is not append-only here"
             )
         roles.extend([int(role)] * (len(new) - len(ids)))
         ids[:] = new
 
     for k, message in enumerate(messages):
-        role = Role.parse(message["role"], where=f"conversation {index} message {k} role")
+        role = Role.parse(message["role"], where=f"{where}: message {k} role")
         if role is Role.ASSISTANT:
-            header = tokenizer.encode(
-                tokenizer.render(messages[:k], tools, add_generation_prompt=True)
-            )
-            extend(header, Role.NONE, f"the generation prompt before message {k}")
-        full = tokenizer.encode(tokenizer.render(messages[: k + 1], tools))
-        extend(full, role, f"message {k}")
+            extend(render(k, True), Role.NONE, f"the generation prompt before message {k}")
+        extend(render(k, False), role, f"message {k}")
     return np.asarray(ids, np.int32), np.asarray(roles, np.int8)
