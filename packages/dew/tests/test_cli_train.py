@@ -77,13 +77,26 @@ def test_help_matches_the_schedule_and_export_behaviour(capsys):
     assert "[optimizer.learning_rate]" in out and "(default 0.0003)" in out
 
 
+def exported_dtypes(directory) -> set[str]:
+    """The dtypes every tensor of an exported model.safetensors declares in its own header."""
+    with open(directory / "model.safetensors", "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    header.pop("__metadata__", None)
+    assert header, "no tensors exported"
+    return {entry["dtype"] for entry in header.values()}
+
+
 def test_train_dpo_on_text_and_conversation_pairs(files, capsys, tmp_path):
     base, tok = files
     run_dir = tmp_path / "dpo"
     code = main(["train", "dpo", "--data", str(base / "pairs.jsonl"), "--tokenizer", tok,
                  "--run-dir", str(run_dir), "--steps", "2", "--seq-len", "48", "--beta", "0.2",
-                 "--lr", "1e-3", *TINY])  # fmt: skip
+                 "--lr", "1e-3", "--export", str(tmp_path / "out"), "--export-dtype", "float16",
+                 *TINY])  # fmt: skip
     assert code == 0
+    assert exported_dtypes(tmp_path / "out") == {"F16"}
+    assert json.load(open(tmp_path / "out" / "config.json"))["dtype"] == "float16"
     assert "trained to step 2 (2 updates)" in capsys.readouterr().out
     records = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2]
@@ -106,9 +119,10 @@ def test_train_grpo_with_a_reward_module_from_a_yaml_config(files, tmp_path):
         f"data: {{path: {base / 'prompts.jsonl'}, tokenizer: {tok}, max_prompt_len: 24}}\n"
         "objective: {reward: rewards_cli:length, groups: 2, max_new_tokens: 4}\n"
     )
-    done = run_dew(["train", "grpo", "--config", str(config), "--set", "run.steps=2"],
-                   cwd=base)  # fmt: skip
+    done = run_dew(["train", "grpo", "--config", str(config), "--set", "run.steps=2",
+                    "--export", str(tmp_path / "out")], cwd=base)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
+    assert exported_dtypes(tmp_path / "out") == {"BF16"}  # the default --export-dtype
     assert "trained to step 2 (2 updates)" in done.stdout
     records = [json.loads(x) for x in open(run_dir / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2]
