@@ -165,7 +165,7 @@ def main() -> None:
         f"R={R}; decoder {args.layers} layers x {args.width}; {args.updates} updates per round"
     )
     for name in runs:  # warm-up: compile every program of every contender
-        advance(runs[name], 2)
+        advance(runs[name], 3)
     times = bench.rounds({name: contender(name) for name in runs}, args.rounds)
     for name in runs:
         bench.show(f"{name} updates/min", times[f"{name} updates/min"], 1.0, "", 1)
