@@ -5,6 +5,7 @@ Checked: `ready` and the model list through the gateway; a multi-turn session re
 with the engine's exact prompt ids, sampled ids and log-probs, versions from the stamps
 and the calls merging into one chain; malformed traces, a dead worker and the gateway's
 500 as named errors; `Publication` stamping only after both replicas serve the version.
+The gateway in front of the real vLLM CPU engine is in test_rollout_vllm_gateway.py.
 """
 
 from __future__ import annotations
@@ -12,11 +13,9 @@ from __future__ import annotations
 import threading
 import time
 
-import httpx
 import numpy as np
 import pytest
 from gateway_fakes import MODEL, FakeChatVLLM, GatewayProcess, chat
-from rollout_engine import SERVED_NAME
 from rollout_fakes import FakeVLLM
 
 from dew.objectives.rl.sessions import Session, chain_lengths
@@ -251,31 +250,3 @@ def test_concurrent_sessions_keep_their_own_calls(gateway, engine):
         assert len(calls) == 2
         for call in calls:
             assert answers[tuple(call.prompt_ids.tolist())] == call.sampled_ids.tolist()
-
-
-def test_the_real_vllm_engine_behind_the_gateway(vllm_engine, tmp_path):
-    """The real CPU engine (session fixture) behind the gateway: ready, its model listed
-    through the gateway, and a token-id completions call, whose trace 0.1.0 records without
-    the prompt ids (it reads them from the chat answer's root only), refused by name."""
-    process = GatewayProcess(vllm_engine.engine.url, tmp_path)
-    try:
-        with Gateway(process.url, timeout=120) as gateway:
-            gateway.ready(timeout=60)
-            assert gateway.models() == [SERVED_NAME]
-            gateway.stamp(0)
-            body = {
-                "model": SERVED_NAME,
-                "prompt": [3, 14, 15],
-                "max_tokens": 4,
-                "seed": 1,
-                # the gateway adds logprobs; without a tokenizer vLLM can name them only so
-                "return_tokens_as_token_ids": True,
-            }
-            answer = httpx.post(f"{gateway.base_url('cmpl')}/completions", json=body, timeout=120)
-            assert answer.status_code == 200, answer.text
-            (trace,) = gateway.traces("cmpl")
-            assert trace["prompt_token_ids"] == [] and len(trace["completion_token_ids"]) == 4
-            with pytest.raises(MalformedTrace, match=r"trace 0\.prompt_token_ids: expected"):
-                gateway.calls("cmpl")
-    finally:
-        process.close()
