@@ -29,6 +29,11 @@ Rules the harness enforces, so that a number survives someone else re-running th
   thread flags, load average before and after) is written atomically under
   ``tools/bench/results/<name>.json``.
 
+On a shared machine, pin one CPU with one thread (``--cpus 1 --threads 1``): with two
+threads on two busy cores, torch's OpenMP workers wait on each other whenever another
+process holds a core, and its step times grow several-fold (far more than XLA's), which
+inflates every ratio in Dew's favour. A number for a note comes from the pinned run.
+
 Pure standard library, so the statistics are unit-tested without jax or torch.
 """
 
