@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         "seconds": round(seconds, 2),
         "waited": round(sum(r.waited for r in records[1:]), 3),
         "lags": [r.lag for r in records],
+        "updates": [r.updates for r in records],
+        "versions": [r.version for r in records],
         "scored": scored,
         "admitted_groups": [r.admitted_groups for r in records],
         "reward_first": rewards[0] if rewards else None,

@@ -151,3 +151,40 @@ def test_close_fails_pending_draws_and_later_submits(pretrained):
     assert failed and all(isinstance(f.exception(), ServerClosed) for f in failed)
     with pytest.raises(ServerClosed, match="submit: the rollout server is closed"):
         server.submit(PROMPTS[0], 3)
+
+
+LOAD_FROM_A_MESH = """
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from rollout_tiny import MAX_LEN, build_tiny
+from dew.inference import Server
+from dew.rollout import NativeRolloutServer
+tiny = build_tiny()
+mesh = Mesh(np.asarray(jax.devices()), ("data",))
+replicated = jax.device_put(tiny.variables, NamedSharding(mesh, PartitionSpec()))
+with NativeRolloutServer(tiny.core("plain")) as server:
+    server.submit([1, 2, 3], 4, seed=0).result(120)  # compiles for the served device
+    server.load(replicated, 1)
+    draw = server.submit([1, 2, 3], 4, seed=0).result(120)
+print("version", draw.version, "ids", len(draw.ids))
+"""
+
+
+def test_load_takes_a_tree_replicated_over_a_mesh(tmp_path):
+    """A trainer on several devices pushes mesh-replicated leaves; the server copies them
+    onto its own device instead of failing its compiled programs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env.pop("XLA_FLAGS", None)
+    done = subprocess.run([sys.executable, "-c", LOAD_FROM_A_MESH], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "version 1 ids 4" in done.stdout

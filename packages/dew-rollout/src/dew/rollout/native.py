@@ -21,10 +21,19 @@ from collections.abc import Sequence
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
+import jax
 import numpy as np
 
 from dew.inference import Completion, Server
 from dew.rollout.draw import Draw, check_budget, check_prompt
+
+
+def _served_device(variables: Any) -> Any:
+    """The device the server's weights live on (the default device for host arrays)."""
+    for leaf in jax.tree.leaves(variables):
+        if isinstance(leaf, jax.Array) and len(leaf.devices()) == 1:
+            return next(iter(leaf.devices()))
+    return jax.local_devices()[0]
 
 
 class ServerClosed(RuntimeError):
@@ -44,6 +53,7 @@ class NativeRolloutServer:
         if not isinstance(server, Server):
             raise TypeError(f"server: expected a dew.inference.Server, got {type(server).__name__}")
         self.server = server
+        self._device = _served_device(server.variables)
         self._wake = threading.Condition()
         self._closed = False
         self._futures: dict[int, Future[Draw]] = {}
@@ -87,10 +97,21 @@ class NativeRolloutServer:
         return cancelled
 
     def load(self, variables: Any, version: int) -> None:
-        """Serve `variables` as `version` from the next scheduling round on."""
+        """Serve `variables` as `version` from the next scheduling round on.
+
+        Every leaf is first copied onto the served device: a trainer's tree may be sharded
+        or replicated over a mesh of several devices (or processes, then gathered), while the
+        server's compiled programs run on the one device its weights live on."""
         if isinstance(version, bool) or not isinstance(version, int | np.integer):
             raise TypeError(f"version: expected an int, got {type(version).__name__}")
-        self.server.reload(variables, int(version))
+        self.server.reload(jax.tree.map(self._place, variables), int(version))
+
+    def _place(self, leaf: Any) -> Any:
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            leaf = np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
+        return jax.device_put(leaf, self._device)
 
     def close(self) -> None:
         with self._wake:
