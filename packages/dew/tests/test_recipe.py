@@ -160,7 +160,8 @@ def test_cli_runs_a_config(setup, trained):
         os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "dew.cli", "chain", str(path)],
+        # --set overrides the file: DPO continues one step past the 2 the file asks for
+        [sys.executable, "-m", "dew.cli", "chain", str(path), "--set", "stages.1.steps=3"],
         capture_output=True,
         text=True,
         env=env,
@@ -169,8 +170,8 @@ def test_cli_runs_a_config(setup, trained):
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout.splitlines()
     assert out == [
-        f"{s}: step 2, 2 updates, in {Path(recipe.output) / s.split()[0]}"
-        for s in ("sft (sft)", "dpo (dpo)", "grpo (grpo)")
+        f"{s}: step {n}, {n} updates, in {Path(recipe.output) / s.split()[0]}"
+        for s, n in (("sft (sft)", 2), ("dpo (dpo)", 3), ("grpo (grpo)", 2))
     ], out
 
 
