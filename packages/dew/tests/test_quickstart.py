@@ -304,3 +304,27 @@ def test_flow_without_the_flow_distribution_says_what_to_install(monkeypatch) ->
     monkeypatch.setattr(plugins, "entry_points", lambda **_: ())
     with pytest.raises(SystemExit, match="install the dew-flow distribution"):
         main(["--flow", "--run-dir", "unused"])
+
+
+def test_grpo_warms_up_while_dpo_starts_at_its_full_rate() -> None:
+    import jax.numpy as jnp
+
+    settings = Settings.for_size("small")
+    params = {"w": jnp.zeros(3)}
+    grads = {"w": jnp.array([1.0, -2.0, 0.5])}
+
+    def steps(stage: str, n: int) -> list[float]:
+        optimizer = settings.optimizer(stage)
+        state = optimizer.init(params)
+        sizes = []
+        for _ in range(n):
+            updates, state = optimizer.update(grads, state, params)
+            sizes.append(float(jnp.max(jnp.abs(updates["w"]))))
+        return sizes
+
+    grpo = steps("grpo", settings.grpo_warmup + 2)
+    assert settings.grpo_warmup == 10
+    assert grpo[0] == 0.0  # a fresh Adam's first step would move every weight by the full rate
+    assert grpo[1] == pytest.approx(settings.grpo_lr / settings.grpo_warmup, rel=1e-3)
+    assert grpo[-1] == pytest.approx(settings.grpo_lr, rel=1e-3)
+    assert steps("dpo", 1)[0] == pytest.approx(settings.dpo_lr, rel=1e-3)
