@@ -129,16 +129,17 @@ def _quickstart_runs(session: nox.Session, selection: str) -> None:
 
 @nox.session
 def quickstart(session: nox.Session) -> None:
-    """A default-size quickstart killed inside SFT, DPO and GRPO resumes to the result of an
-    uninterrupted run. Minutes long, so the other sessions deselect it (marker ``quickstart``)."""
-    _quickstart_runs(session, "sigkill")
+    """The default preset on seeds 0 and 1 lifts held-out accuracy at every stage (GRPO by at
+    least 0.05), and a run killed inside SFT, DPO and GRPO resumes to the result of an
+    uninterrupted run. Minutes long, so the other sessions deselect them (marker
+    ``quickstart``)."""
+    _quickstart_runs(session, "lifts or sigkill")
 
 
 @nox.session(name="quickstart-goals")
 def quickstart_goals(session: nox.Session) -> None:
-    """The default preset on seeds 0 and 1 must lift held-out accuracy at every stage, GRPO by
-    more than the standard error of its starting accuracy. Not in the default list yet: on
-    seed 1 GRPO gains 0.46 -> 0.48, less than that standard error (0.035)."""
+    """Only the seeds test of the ``quickstart`` session (the default preset on seeds 0 and 1
+    lifts held-out accuracy at every stage, GRPO by at least 0.05)."""
     _quickstart_runs(session, "lifts")
 
 

@@ -67,6 +67,8 @@ def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed
     dpo, grpo = stages[1], stages[2]
     assert dpo["preference_accuracy_after"] > dpo["preference_accuracy_before"]
     assert grpo["accuracy_after"] - grpo["accuracy_before"] > grpo["standard_error_before"]
+    # at least +0.05, counted in solved problems so that float rounding cannot decide it
+    assert 20 * (grpo["solved_after"] - grpo["solved_before"]) >= grpo["held_out"], out
 
 
 def _has(path: Path) -> Callable[[], bool]:

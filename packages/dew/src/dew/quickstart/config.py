@@ -3,7 +3,7 @@
 ``Settings.for_size(size, steps=..., seed=...)`` gives the preset of a size scaled by
 ``steps`` (every stage's step count is multiplied and rounded, at least 2 steps each).
 
-The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 350 SFT, 20 DPO and
+The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 350 SFT, 40 DPO and
 200 GRPO steps) is the default; ``medium`` is the same decoder with 1000 SFT and 100 GRPO
 steps, meant to pass 0.9 held-out accuracy (not yet measured end to end). Measured results
 of ``small`` are in the README.
@@ -29,10 +29,12 @@ warm-up). A fresh Adam's first step moves every weight by the full rate, so GRPO
 over ``grpo_warmup`` steps. Plain SGD (1e-3, momentum 0.9), scoring at temperature 1 while
 sampling at 0.3, and dropping negative advantages all left held-out accuracy at 0.38-0.44.
 GRPO from the SFT policy instead (DPO skipped) lifted the same seed 0.335 to 0.50: DPO and
-GRPO fix the same mistakes, so the longer DPO runs the less GRPO finds. With 20 DPO steps
-(0.335 to 0.425) GRPO's 200 warmed-up steps lifted it to 0.47. SFT sits on a cliff around
-these step counts: 500 SFT steps put seed 1 at 0.96 held-out, where DPO then dropped it to
-0.875, so the default stops SFT at 350 steps and leaves the later stages mistakes to fix.
+GRPO fix the same mistakes, so the longer DPO runs the less GRPO finds. Halving DPO to 20
+steps left GRPO more (seed 2: 0.65 to 0.785) but DPO itself then lowered seed 2 (0.67 to
+0.65), so DPO keeps 40 steps and GRPO gets 200 warmed-up steps instead of 150 (seed 1: 0.46
+to 0.51; seed 0: 0.695 to 0.755). SFT sits on a cliff around these step counts: 500 SFT steps
+put seed 1 at 0.96 held-out, where DPO then dropped it to 0.875, so the default stops SFT at
+350 steps and leaves the later stages mistakes to fix.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class Settings:
         elif size == "small":
             base = dict(
                 limit=100, held_out=200, emb_features=64, num_layers=2, num_heads=4,
-                mlp_features=256, sft_steps=350, dpo_steps=20, grpo_steps=200,
+                mlp_features=256, sft_steps=350, dpo_steps=40, grpo_steps=200,
             )  # fmt: skip
         else:
             base = dict(
