@@ -15,30 +15,23 @@ import argparse
 import json
 import os
 
+from dew.testing.processes import join_cpu, process_arguments
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("mode", choices=("train", "faults"))
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--process-id", type=int, default=0)
-    parser.add_argument("--port", type=int, default=0)
+    process_arguments(parser)
     parser.add_argument("--devices", type=int, default=2)
     args = parser.parse_args()
 
     import jax
 
-    jax.config.update("jax_num_cpu_devices", args.devices)
     if os.environ.get("JAX_CACHE"):
         jax.config.update("jax_compilation_cache_dir", os.environ["JAX_CACHE"])
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if args.processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.processes,
-            process_id=args.process_id,
-        )
+    join_cpu(args.devices, args.processes, args.process_id, args.port)
     import numpy as np
     import optax
 

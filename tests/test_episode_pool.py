@@ -8,23 +8,15 @@ three, so the two ranks finish their slots in different rounds.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from dew.testing import run_processes
+
 HERE = pathlib.Path(__file__).resolve().parent
 WORKER = str(HERE / "_episode_pool_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -35,35 +27,8 @@ def shared(tmp_path_factory):
 
 
 def launch(out, mode, processes, devices, cache):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_CACHE": str(cache)}
-    env.pop("XLA_FLAGS", None)
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                WORKER,
-                str(out),
-                mode,
-                "--processes",
-                str(processes),
-                "--process-id",
-                str(i),
-                "--port",
-                str(port),
-                "--devices",
-                str(devices),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for i in range(processes)
-    ]
-    for proc in procs:
-        output, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, output[-4000:]
+    run_processes(WORKER, out, mode, "--devices", devices, processes=processes,
+                  env={"JAX_CACHE": str(cache)}, timeout=600)  # fmt: skip
     return [
         json.loads((out / f"{mode}-{processes}-{rank}.json").read_text())
         for rank in range(processes)

@@ -20,17 +20,11 @@ import time
 
 import numpy as np
 
+from dew.testing import alive
+
 HERE = pathlib.Path(__file__).resolve().parent
 SCRIPT = str(HERE / "_episode_train.py")
 STEPS = 3
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "\nState:\tZ" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def launch(run_dir, env):

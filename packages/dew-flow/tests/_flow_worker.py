@@ -14,30 +14,22 @@ import argparse
 import json
 import os
 
+from dew.testing.processes import join_cpu, process_arguments
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
-    p.add_argument("--process-id", type=int, default=0)
-    p.add_argument("--processes", type=int, default=1)
-    p.add_argument("--port", type=int, default=0)
+    process_arguments(p)
     p.add_argument("--devices", type=int, default=2)
     args = p.parse_args()
 
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.processes,
-            process_id=args.process_id,
-        )
+    join_cpu(args.devices, args.processes, args.process_id, args.port)
     import itertools
 
+    import jax
     import numpy as np
     import optax
 

@@ -9,26 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 
+from dew.testing import ProcessGroup, run_processes
+
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_flow_worker.py")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
-    env.pop("XLA_FLAGS", None)
-    return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _load(path) -> dict[str, np.ndarray]:
@@ -40,36 +26,11 @@ def test_two_processes_own_their_rows_and_match_one(tmp_path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     one.mkdir()
     two.mkdir()
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                WORKER,
-                str(two),
-                "--devices",
-                "1",
-                "--processes",
-                "2",
-                "--process-id",
-                str(i),
-                "--port",
-                str(port),
-            ],
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
-    single = subprocess.run([sys.executable, WORKER, str(one), "--devices", "2"], env=_env(),
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert single.returncode == 0, single.stderr[-3000:]
-    for p in procs:
-        out, err = p.communicate(timeout=600)
-        assert p.returncode == 0, err[-3000:]
-        assert "done" in out
+    with ProcessGroup(WORKER, two, "--devices", 1, processes=2) as pair:
+        (single,) = run_processes(WORKER, one, "--devices", 2, timeout=600)
+        assert "done" in single.stdout
+        for rank in pair.wait(timeout=600):
+            assert "done" in rank.stdout
 
     # ownership: process i keeps the two groups of its source rows, contiguously
     rows = [_load(two / f"rows_{i}.npz") for i in range(2)]

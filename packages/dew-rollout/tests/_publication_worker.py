@@ -1,6 +1,6 @@
 """One process of a two-process JAX trainer publishing weights (run as a script).
 
-usage: _publication_worker.py PROCESS_ID PORT ENGINE_URL DIRECTORY
+usage: _publication_worker.py ENGINE_URL DIRECTORY --processes 2 --process-id I --port PORT
 
 Builds the tiny policy, shards its embedding across the two processes' devices by rows,
 and calls `Publication.load` twice on every process: version 1 to a healthy replica, then
@@ -10,21 +10,24 @@ per attempt: {"process", "version", "ok", "error"}.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
+
+from dew.testing.processes import join_cpu, process_arguments
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
 def main() -> None:
-    process, port, url, directory = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", 1)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process)
+    p = argparse.ArgumentParser()
+    p.add_argument("url")
+    p.add_argument("directory")
+    args = process_arguments(p).parse_args()
+    process, url, directory = args.process_id, args.url, args.directory
+    join_cpu(1, args.processes, args.process_id, args.port)
     import httpx
+    import jax
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
     from rollout_engine import tiny_pretrained

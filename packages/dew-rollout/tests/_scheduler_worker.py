@@ -22,6 +22,8 @@ import os
 import sys
 import time
 
+from dew.testing.processes import join_cpu, process_arguments
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
@@ -31,19 +33,12 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--run-dir")
     p.add_argument("--sleep", type=float, default=0.0)
-    p.add_argument("--processes", type=int, default=1)
-    p.add_argument("--process-id", type=int, default=0)
-    p.add_argument("--port", type=int, default=0)
+    process_arguments(p)
     p.add_argument("--fail-step", type=int, default=0)
     args = p.parse_args()
 
+    join_cpu(1, args.processes, args.process_id, args.port)
     import jax
-
-    jax.config.update("jax_num_cpu_devices", 1)
-    if args.processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"127.0.0.1:{args.port}", num_processes=args.processes,
-                                   process_id=args.process_id)  # fmt: skip
     import numpy as np
     import optax
     from rollout_tiny import MAX_LEN, MIXED_EOS, VOCAB, WIDTH

@@ -29,8 +29,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-from rollout_engine import free_port
 from rollout_fakes import FakeVLLM
+
+from dew.testing import free_port
 
 EOS = 1
 ROLE = 2

@@ -5,18 +5,16 @@ and on failure."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
 import ml_dtypes
 import numpy as np
-from rollout_engine import free_port, tiny_pretrained
+from rollout_engine import tiny_pretrained
 from rollout_fakes import FakeVLLM
 
 from dew.models import load_pretrained
+from dew.testing import run_processes
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,40 +31,14 @@ def test_two_processes_publish_once_and_agree(tmp_path):
         return 200, {}
 
     engine.routes["/arm"] = arm
-    port = free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-    }
     try:
-        workers = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    str(HERE / "_publication_worker.py"),
-                    str(i),
-                    str(port),
-                    engine.url,
-                    str(tmp_path / "policy"),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-            )  # fmt: skip
-            for i in range(2)
-        ]
-        outputs = [w.communicate(timeout=240) for w in workers]
+        workers = run_processes(HERE / "_publication_worker.py", engine.url, tmp_path / "policy",
+                                processes=2, pythonpath=[HERE], timeout=240)  # fmt: skip
     finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.kill()
         engine.close()
-    for worker, (_, err) in zip(workers, outputs):
-        assert worker.returncode == 0, err[-3000:]
     lines = [
-        [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-        for out, _ in outputs
+        [json.loads(line) for line in w.stdout.splitlines() if line.startswith("{")]
+        for w in workers
     ]
     for process, attempts in enumerate(lines):
         first, second = attempts

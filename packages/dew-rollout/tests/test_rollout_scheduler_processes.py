@@ -8,34 +8,19 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from rollout_engine import free_port
+
+from dew.testing import ProcessGroup, run_processes
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "_scheduler_worker.py"
 
 
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["JAX_PLATFORMS"] = "cpu"
-    e.pop("XLA_FLAGS", None)
-    e["PYTHONPATH"] = os.pathsep.join([str(HERE), e.get("PYTHONPATH", "")])
-    return e
-
-
-def command(*args) -> list[str]:
-    return [sys.executable, str(WORKER), *map(str, args)]
-
-
 def run(*args, timeout: float = 300) -> str:
-    proc = subprocess.run(command(*args), env=env(), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (proc,) = run_processes(WORKER, *args, pythonpath=[HERE], timeout=timeout)
     return proc.stdout
 
 
@@ -54,21 +39,20 @@ def test_sigkill_mid_flight_then_resume_is_bit_identical(tmp_path):
     assert [r["lag"] for r in full] == [0] + [1] * (steps - 1)
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
-    proc = subprocess.Popen(
-        command(tmp_path / "killed.npz", steps, "--run-dir", run_dir, "--sleep", "0.5"),
-        env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        done = [n for n in (os.listdir(ckpts) if ckpts.exists() else []) if n.startswith("step_")]
-        if len(done) >= steps // 2 or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    time.sleep(random.Random().uniform(0.0, 0.2))  # the last batch alone sleeps 0.5 s
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    with ProcessGroup(WORKER, tmp_path / "killed.npz", steps, "--run-dir", run_dir,
+                      "--sleep", 0.5, pythonpath=[HERE]) as group:  # fmt: skip
+        proc = group.procs[0]
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            names = os.listdir(ckpts) if ckpts.exists() else []
+            done = [n for n in names if n.startswith("step_")]
+            if len(done) >= steps // 2 or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        time.sleep(random.Random().uniform(0.0, 0.2))  # the last batch alone sleeps 0.5 s
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        group.wait(60, expect=-signal.SIGKILL)
     saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
     assert saved and saved[-1] < f"step_{steps:08d}"
     resumed = records(run(tmp_path / "killed.npz", steps, "--run-dir", run_dir))
@@ -95,39 +79,9 @@ def leaves_of_init() -> list[np.ndarray]:
 
 
 def test_an_admission_failure_on_one_process_raises_on_both(tmp_path):
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            command(
-                tmp_path / "out.npz",
-                4,
-                "--processes",
-                2,
-                "--process-id",
-                i,
-                "--port",
-                port,
-                "--fail-step",
-                3,
-            ),
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            outputs.append(proc.communicate(timeout=300))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode == 3, out[-2000:] + err[-3000:]
-    first, second = (out for out, _ in outputs)
+    ranks = run_processes(WORKER, tmp_path / "out.npz", 4, "--fail-step", 3, processes=2,
+                          pythonpath=[HERE], timeout=300, expect=3)  # fmt: skip
+    first, second = (rank.stdout for rank in ranks)
     # both trained two steps together (packing its own rows, pushing and rescoring as one)
     assert [r["step"] for r in records(first)] == [1, 2]
     assert [r["step"] for r in records(second)] == [1, 2]

@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from dew.testing.processes import join_cpu, process_arguments
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 
@@ -24,25 +26,15 @@ def main() -> None:
     p.add_argument("steps", type=int)
     p.add_argument("--run-dir")
     p.add_argument("--checkpoint-every", type=int)
-    p.add_argument("--process-id", type=int, default=0)
-    p.add_argument("--processes", type=int, default=1)
-    p.add_argument("--port", type=int, default=0)
+    process_arguments(p)
     p.add_argument("--devices", type=int, default=4)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--microbatches", type=int, default=1)
     p.add_argument("--fsdp", action="store_true")
     args = p.parse_args()
 
+    join_cpu(args.devices, args.processes, args.process_id, args.port)
     import jax
-
-    jax.config.update("jax_num_cpu_devices", args.devices)
-    if args.processes > 1:
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            coordinator_address=f"127.0.0.1:{args.port}",
-            num_processes=args.processes,
-            process_id=args.process_id,
-        )
     import numpy as np
     import optax
 

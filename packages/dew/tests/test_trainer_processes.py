@@ -7,34 +7,18 @@ import json
 import os
 import random
 import signal
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
+
+from dew.testing import Finished, ProcessGroup, run_processes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_train_worker.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["JAX_PLATFORMS"] = "cpu"
-    e.pop("XLA_FLAGS", None)
-    return e
-
-
-def run(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, WORKER, *args], env=env(), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def run(args: list[str], timeout: float = 300) -> Finished:
+    (proc,) = run_processes(WORKER, *args, timeout=timeout)
     return proc
 
 
@@ -43,40 +27,15 @@ def leaves(path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def launch_two(out, steps: str, run_dir, *extra: str) -> list[subprocess.Popen]:
+def launch_two(out, steps: str, run_dir, *extra: str) -> ProcessGroup:
     """Two worker processes of two devices each, joined through jax.distributed."""
-    port = free_port()
-    return [
-        subprocess.Popen(
-            [
-                sys.executable,
-                WORKER,
-                str(out),
-                steps,
-                "--devices",
-                "2",
-                "--processes",
-                "2",
-                "--process-id",
-                str(i),
-                "--port",
-                str(port),
-                "--run-dir",
-                str(run_dir),
-                *extra,
-            ],
-            env=env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for i in range(2)
-    ]
+    return ProcessGroup(WORKER, out, steps, "--devices", 2, "--run-dir", run_dir, *extra,
+                        processes=2)  # fmt: skip
 
 
-def finish(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
-    done = [(p, *p.communicate(timeout=300)) for p in procs]
-    return [(p.returncode, out, err) for p, out, err in done]
+def finish(group: ProcessGroup, expect: int) -> list[tuple[int, str, str]]:
+    with group:
+        return [(p.returncode, p.stdout, p.stderr) for p in group.wait(300, expect)]
 
 
 def test_two_processes_stop_together_resume_and_match_one(tmp_path):
@@ -86,14 +45,14 @@ def test_two_processes_stop_together_resume_and_match_one(tmp_path):
     step's checkpoint; the rerun resumes there and ends where one process of four does."""
     run([str(tmp_path / "single.npz"), "4", "--devices", "4"])
     run_dir = tmp_path / "run"
-    procs = launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp", "--sleep", "1.0")
+    group = launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp", "--sleep", "1.0")
     deadline = time.time() + 240
-    while time.time() < deadline and all(p.poll() is None for p in procs):
+    while time.time() < deadline and group.running():
         if (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text():
             break  # step 1 is logged: both processes are inside fit, handlers installed
         time.sleep(0.05)
-    procs[1].send_signal(signal.SIGTERM)
-    ends = finish(procs)
+    group.procs[1].send_signal(signal.SIGTERM)
+    ends = finish(group, expect=3)
     for code, out, err in ends:
         assert code == 3, out + err[-3000:]
     stopped = {out.split("interrupted ", 1)[1].split()[0] for _, out, _ in ends}
@@ -109,7 +68,7 @@ def test_two_processes_stop_together_resume_and_match_one(tmp_path):
     for p in (0, 1):  # orbax's per-process stores: each process wrote the shards it holds
         written = [n for n in meta["sha256"] if n.startswith(f"state/ocdbt.process_{p}/d/")]
         assert written, sorted(meta["sha256"])
-    ends = finish(launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp"))
+    ends = finish(launch_two(tmp_path / "multi.npz", "4", run_dir, "--fsdp"), expect=0)
     for code, out, err in ends:
         assert code == 0 and "done 4" in out, err[-3000:]
     assert f"resuming from step {step}" in ends[0][2]
@@ -132,23 +91,21 @@ def test_sigkill_then_resume_is_bit_identical(tmp_path):
     run([str(tmp_path / "full.npz"), str(steps)])
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
-    proc = subprocess.Popen(
-        [sys.executable, WORKER, str(tmp_path / "killed.npz"), str(steps), "--run-dir",
-         str(run_dir), "--checkpoint-every", "1", "--sleep", "0.3"],
-        env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    target = random.Random().randint(1, steps - 3)
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        done = [n for n in (os.listdir(ckpts) if ckpts.exists() else []) if n.startswith("step_")]
-        if len(done) >= min(target, 3) or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    time.sleep(random.Random().uniform(0.0, 0.3))
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    with ProcessGroup(WORKER, tmp_path / "killed.npz", steps, "--run-dir", run_dir,
+                      "--checkpoint-every", 1, "--sleep", 0.3) as group:  # fmt: skip
+        proc = group.procs[0]
+        target = random.Random().randint(1, steps - 3)
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            names = os.listdir(ckpts) if ckpts.exists() else []
+            done = [n for n in names if n.startswith("step_")]
+            if len(done) >= min(target, 3) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        time.sleep(random.Random().uniform(0.0, 0.3))
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        group.wait(60, expect=-signal.SIGKILL)
     assert not (tmp_path / "killed.npz").exists()
     before = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
     assert before and before[-1] < f"step_{steps:08d}"
