@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import io
+import re
+import sys
 
 import jax
 import numpy as np
@@ -52,8 +53,8 @@ from dew.objectives.rollouts.episodes import (
     project,
     session_of,
 )
-from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.sampling import Sampling
+from dew.testing import TerminalStream as Terminal
 from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 
@@ -405,19 +406,30 @@ def test_collections_have_separate_origins_but_equal_records():
         project([first[0], second[1]], [0, 0], width=P + R, rows=2 * K)
 
 
-def test_progress_bar_draws_on_a_terminal():
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    stream = Terminal()
-    bar = EpisodeProgress(4, stream=stream)
-    bar.update(2, 5, 1.25)
-    bar.close()
-    assert stream.getvalue() == "\repisodes [##########..........] 2/4 turns 5 tool 1.2s\n"
-    quiet = io.StringIO()
-    EpisodeProgress(4, stream=quiet).update(1, 1, 0.0)
-    assert quiet.getvalue() == ""
+def test_progress_bar_shows_episodes_turns_and_tool_time_only_on_a_terminal(monkeypatch):
+    for tty in (True, False):
+        stream = Terminal(tty)
+        monkeypatch.setattr(sys, "stderr", stream)
+        rollout, _ = make_rollout(Log())
+        rollout({"params": {}}, tasks(3, 2), jax.random.key(0))
+        if not tty:
+            assert stream.getvalue() == ""
+            continue
+        text = stream.getvalue()
+        assert text.count("\n") == 1 and text.endswith("\n")  # one bar, ended once
+        draws = text[:-1].split("\r")[1:]
+        pattern = (
+            r"episodes: +(\d+)%\|[# ]+\| (\d)/4 episodes \[\d\d:\d\d, "
+            r"turns (\d+), tool (\d+\.\d)s\]"
+        )
+        found = [re.fullmatch(pattern, draw) for draw in draws]
+        assert all(found), draws
+        # every episode takes two turns (tool call, answer): two rounds, all four done at the end
+        counts = [(int(m[2]), int(m[3])) for m in found if m is not None]
+        assert counts[0] == (0, 4) and counts[-1] == (4, 8), counts
+        tool = rollout.last_timings["tool"]
+        last = found[-1]
+        assert last is not None and float(last[4]) == pytest.approx(tool, abs=0.051)
 
 
 def test_constructor_refusals():

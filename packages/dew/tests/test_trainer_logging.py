@@ -5,7 +5,6 @@ resume, and a progress bar that never waits for the step it just dispatched."""
 from __future__ import annotations
 
 import glob
-import io
 import itertools
 import json
 import os
@@ -21,6 +20,7 @@ import dew.trainer.trainer as trainer_module
 from dew import models
 from dew.data import Dataset
 from dew.objectives.lm import LMObjective
+from dew.testing import TerminalStream
 from dew.trainer import Trainer
 from dew.trainer.progress import Progress
 from dew.trainer.tracker import JsonlTracker, MlflowTracker, TensorBoardTracker, WandbTracker
@@ -136,17 +136,8 @@ def test_progress_bar_does_not_wait_for_the_step_it_just_dispatched(objective, m
     assert waited == [6], fetches
 
 
-class FakeTTY(io.StringIO):
-    def __init__(self, tty: bool) -> None:
-        super().__init__()
-        self.tty = tty
-
-    def isatty(self) -> bool:
-        return self.tty
-
-
 def test_progress_draws_a_tqdm_bar_on_a_terminal():
-    stream = FakeTTY(True)
+    stream = TerminalStream(True)
     bar = Progress(10, stream=stream)
     bar.update(5, 0.25)
     bar.log({"step": 5, "loss": 0.25})  # no plain lines under a bar
@@ -156,7 +147,7 @@ def test_progress_draws_a_tqdm_bar_on_a_terminal():
 
 
 def test_plain_log_lines_off_a_terminal():
-    stream = FakeTTY(False)
+    stream = TerminalStream(False)
     bar = Progress(100, start=0, stream=stream)
     bar.update(40, 2.0)
     bar.log({"step": 40, "loss": 2.3141, "tokens_per_s": 12345.0, "learning_rate": 3e-4})
@@ -168,7 +159,7 @@ def test_plain_log_lines_off_a_terminal():
         lines[0],
     ), lines
     assert lines[1] == "dew: resuming from step 10"
-    quiet = FakeTTY(False)
+    quiet = TerminalStream(False)
     off = Progress(10, stream=quiet, enabled=False)
     off.log({"step": 1, "loss": 1.0})
     off.message("x")

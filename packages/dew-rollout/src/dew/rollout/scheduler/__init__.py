@@ -6,7 +6,7 @@
   timeouts, oversampling, ``admit``, cut groups);
 - ``tasks``: ``task_ids`` and ``prompt_tasks`` (batch -> tasks) and the wrapped task stream;
 - ``work``: the rollouts of one batch in flight; ``journal``: ``WeightJournal`` for exact
-  resume; ``record``: ``SchedulerRecord``; ``progress``: the terminal progress bar.
+  resume; ``record``: ``SchedulerRecord``. The terminal progress bar is ``dew.progress``'s.
 """
 
 from dew.rollout.scheduler.journal import WeightJournal

@@ -41,9 +41,9 @@ from dew.objectives.rollouts.episodes.cohort import agree_on_failure
 from dew.objectives.rollouts.metrics import session_metrics
 from dew.objectives.rollouts.packing import pack
 from dew.objectives.rollouts.records import Session, check_choice
+from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules
 from dew.rollout.scheduler.journal import WeightJournal
-from dew.rollout.scheduler.progress import SchedulerProgress
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
 from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
@@ -162,7 +162,7 @@ class RolloutScheduler:
         self.admission = Admission(self.rules, self._resubmit, self._cancel, self._tick)
         self.journal = None if journal is None else WeightJournal(journal, ahead + sync_every + 1)
         self.stream = TaskStream(ahead, self._reopen)
-        self.progress = SchedulerProgress(enabled=progress)
+        self.progress = TerminalBar("rollouts", "groups", enabled=progress)
         self._work: dict[int, BatchWork] = {}
         self.last_sessions: list[Session] = []
         self._waiting_since = time.perf_counter()
@@ -269,7 +269,8 @@ class RolloutScheduler:
         total = sum(g.state == COMPLETE for g in work.groups)
         in_flight = sum(len(w.entries) for w in self._work.values())
         waited = time.perf_counter() - self._waiting_since
-        self.progress.update(total, len(work.groups), in_flight, waited)
+        detail = f"{in_flight} in flight, waited {waited:.2f}s"
+        self.progress.update(total, len(work.groups), detail)
 
     def _cancel(self, entry: Entry) -> None:
         self.source.cancel(entry.future)

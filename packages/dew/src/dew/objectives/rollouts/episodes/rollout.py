@@ -68,7 +68,6 @@ from dew.objectives.rollouts.episodes.collection import (
 )
 from dew.objectives.rollouts.episodes.errors import EpisodeCancelled
 from dew.objectives.rollouts.episodes.journal import EpisodeJournal
-from dew.objectives.rollouts.episodes.progress import EpisodeProgress
 from dew.objectives.rollouts.episodes.projection import project
 from dew.objectives.rollouts.episodes.protocol import (
     Action,
@@ -79,6 +78,7 @@ from dew.objectives.rollouts.episodes.protocol import (
     Verifier,
 )
 from dew.objectives.rollouts.episodes.slot import Slot
+from dew.progress import TerminalBar
 from dew.sampling import Sampling
 
 INERT_CONTEXT = np.zeros((1,), np.int32)
@@ -336,7 +336,7 @@ class EpisodeRollout:
         self.policy.bind(local_variables(variables))
         origin = object()
         slots = draw_slots(tasks, self.groups, step, key, origin, self.journal)
-        bar = EpisodeProgress(len(slots), enabled=self.progress)
+        bar = TerminalBar("episodes", "episodes", enabled=self.progress)
         timings = {"generation": 0.0}
         start = time.perf_counter()
         self._current = None
@@ -347,7 +347,8 @@ class EpisodeRollout:
                 seconds = self._phase(self._round, slots, turn, key, policy_step)
                 timings["generation"] += seconds
                 done = sum(not s.running for s in slots)
-                bar.update(done, sum(s.turns for s in slots), sum(s.tool_seconds for s in slots))
+                turns, tool = sum(s.turns for s in slots), sum(s.tool_seconds for s in slots)
+                bar.update(done, len(slots), f"turns {turns}, tool {tool:.1f}s")
             self._phase(self._truncate_rest, slots)
         except BaseException as err:
             abort_collection(slots, self._current, err, self.record)
