@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+import dew.rl as rl
 from dew import Trainer
 from dew.data import Dataset
 from dew.flow import (
@@ -63,6 +64,24 @@ def test_group_advantages_population_std() -> None:
     np.testing.assert_allclose(a[:4], (r[:4] - 2.5) / (std + 1e-4))
     np.testing.assert_array_equal(a[4:], 0.0)
     assert a.dtype == np.float64
+
+
+def test_group_advantages_are_dew_rl_population_option_in_float64() -> None:
+    """FlowRollout's rule is dew.rl.group_advantage(ddof=0, eps=1e-4), in float64 with x64 off."""
+    assert not jax.config.jax_enable_x64
+    # a spread of 1e-9 around 1.0 vanishes in float32 (all equal: zeros); float64 keeps it
+    r = np.array([1.0 + 2e-9, 1.0, 1.0 - 1e-9, 1.0, 0.0, 1.0, 2.0, 3.0])
+    a = group_advantages(r, 4)
+    assert a.dtype == np.float64 and not jax.config.jax_enable_x64
+    groups = r.reshape(2, 4)
+    want = (groups - groups.mean(1, keepdims=True)) / (groups.std(1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(a, want.reshape(-1), rtol=1e-9)
+    assert np.abs(a[:4]).max() > 1e-6
+    with jax.enable_x64(True):
+        direct = rl.group_advantage(jnp.asarray(r), 4, eps=1e-4, ddof=0)
+    np.testing.assert_array_equal(a, np.asarray(direct))
+    with pytest.raises(ValueError, match="rewards: expected a length divisible by group=3"):
+        group_advantages(r, 3)
 
 
 def test_rollout_batch_layout(setup) -> None:

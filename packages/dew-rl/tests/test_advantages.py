@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,6 +86,33 @@ def test_group_advantage_normalises_within_groups() -> None:
     np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-12)
 
 
+def test_group_advantage_population_deviation_is_flow_grpos() -> None:
+    """ddof=0: numpy's population deviation (Flow-GRPO's ``np.std``) with eps 1e-4."""
+    rewards = RNG.normal(size=12)
+    got = np.asarray(rl.group_advantage(jnp.asarray(rewards), 4, eps=1e-4, ddof=0))
+    groups = rewards.reshape(3, 4)
+    want = (groups - groups.mean(1, keepdims=True)) / (groups.std(1, keepdims=True) + 1e-4)
+    np.testing.assert_allclose(got, want.reshape(-1), rtol=1e-12)
+    unbiased = np.asarray(rl.group_advantage(jnp.asarray(rewards), 4, eps=1e-4))
+    assert not np.allclose(got, unbiased)  # the estimators differ by sqrt(G / (G - 1))
+
+
+def test_group_advantage_population_group_of_one_is_zero() -> None:
+    """Flow-GRPO's group of one is its own mean: advantage 0, not verl's r / (1 + eps)."""
+    rewards = jnp.asarray([0.3, -2.0, 4.0])
+    np.testing.assert_array_equal(np.asarray(rl.group_advantage(rewards, 1, ddof=0)), 0.0)
+    np.testing.assert_array_equal(
+        np.asarray(rl.group_advantage(rewards, 1, normalise_by_std=False, ddof=0)), 0.0
+    )
+
+
+@pytest.mark.parametrize("ddof", [2, -1, True, 0.0])
+def test_group_advantage_ddof_error_names_the_field(ddof) -> None:
+    message = "ddof: expected 1 (unbiased deviation, verl) or 0 (population deviation, Flow-GRPO)"
+    with pytest.raises(ValueError, match=re.escape(f"{message}, got {ddof!r}")):
+        rl.group_advantage(jnp.ones(4), 2, ddof=ddof)
+
+
 def test_group_advantage_dr_grpo_only_centres() -> None:
     rewards = RNG.normal(size=6)
     got = np.asarray(rl.group_advantage(jnp.asarray(rewards), 3, normalise_by_std=False))
@@ -135,9 +164,13 @@ def test_group_errors_name_the_field(fn) -> None:
 
 def test_group_functions_jit_with_static_group() -> None:
     rewards = jnp.asarray(RNG.normal(size=8))
-    jitted = jax.jit(rl.group_advantage, static_argnames=("group", "normalise_by_std"))
+    jitted = jax.jit(rl.group_advantage, static_argnames=("group", "normalise_by_std", "ddof"))
     np.testing.assert_allclose(
         np.asarray(jitted(rewards, group=4)), np.asarray(rl.group_advantage(rewards, 4))
+    )
+    np.testing.assert_allclose(
+        np.asarray(jitted(rewards, group=4, ddof=0)),
+        np.asarray(rl.group_advantage(rewards, 4, ddof=0)),
     )
     jitted_rloo = jax.jit(rl.rloo_advantage, static_argnames="group")
     np.testing.assert_allclose(

@@ -78,3 +78,47 @@ def test_themes_import_only_the_two_foundations() -> None:
     for name in FOUNDATIONS:
         path = SOURCES / f"{name.rpartition('.')[2]}.py"
         assert _dew_rl_imports(path) == set(), path.name
+
+
+#: Where each public name is defined: one purpose per private module (``__init__``'s layout).
+LAYOUT = {
+    "dew.rl._gae": {"gae", "masked_whiten"},
+    "dew.rl._group": {"group_advantage", "rloo_advantage", "ragged_group_advantage"},
+    "dew.rl._ratios": {"token_log_ratio", "sequence_log_ratio"},
+    "dew.rl._clipped_surrogate": {"clipped_surrogate", "clipped_surrogate_terms"},
+    "dew.rl._cispo": {"cispo_terms"},
+    "dew.rl._value_loss": {"clipped_value_loss_terms"},
+    "dew.rl._kl": {"k1_kl", "k2_kl", "k3_kl"},
+    "dew.rl._entropy": {"token_entropy"},
+    "dew.rl._reductions": {
+        "token_mean",
+        "masked_mean",
+        "sequence_mean",
+        "sequence_sum_mean",
+        "sequence_sum_norm",
+        "segment_mean",
+    },
+    "dew.rl._corrections": {
+        "behavior_importance_weights",
+        "icepop_weights",
+        "token_rejection_mask",
+        "sequence_rejection_mask",
+    },
+    "dew.rl._preference": {"preference_logsigmoid"},
+}
+
+
+def test_each_public_function_lives_in_its_module() -> None:
+    placed = {name: module for module, names in LAYOUT.items() for name in names}
+    assert set(placed) == set(FUNCTIONS)
+    for name in FUNCTIONS:
+        assert getattr(rl, name).__module__ == placed[name], name
+    layout = (inspect.getdoc(rl) or "").partition("never from the modules::")[2]
+    for module in LAYOUT:
+        assert module.rpartition(".")[2] in layout, module
+
+
+def test_source_modules_stay_small() -> None:
+    for path in sorted(SOURCES.glob("*.py")):
+        lines = len(path.read_text().splitlines())
+        assert lines < 400, f"{path.name}: {lines} lines; split it along a seam"

@@ -12,7 +12,8 @@ field, if present, is ignored) and the live variables. The rollout
    numpy arrays. With several processes the images are gathered and the reward runs on
    process 0 only; the float64 scores travel back as bytes;
 3. normalises each group: ``(r - mean) / (std + 1e-4)`` with the population std, in float64,
-   then casts the advantages to float32;
+   then casts the advantages to float32 (the arithmetic is ``dew.rl.group_advantage`` with
+   ``ddof=0``, run on the host CPU under ``jax.enable_x64`` whatever the global x64 setting);
 4. picks the first ``train_steps`` stochastic transitions (all of them for ``None``) and writes
    a fixed-shape batch; a sample whose advantage is exactly 0 (a group of equal rewards) stays
    in it with its ``transition_mask`` cleared.
@@ -24,6 +25,7 @@ JAX's x64 mode is off); ``last_rewards`` and ``last_timings`` (``sampling``, ``r
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
+
+import dew.rl as rl
 
 Reward = Callable[[np.ndarray, dict[str, np.ndarray]], Any]
 STD_EPS = 1e-4
@@ -45,13 +49,31 @@ class RewardError(RuntimeError):
 def group_advantages(rewards: np.ndarray, groups: int) -> np.ndarray:
     """``[N]`` float64 advantages of contiguous groups: ``(r - mean) / (std + 1e-4)``.
 
-    ``std`` is the population standard deviation of the group (``ddof=0``); ``rewards`` is
-    ``[N]`` with ``N`` a multiple of ``groups``.
+    Flow-GRPO's per-prompt normalisation (``flow_grpo/stat_tracking.py``): ``std`` is the
+    population standard deviation of the group (``ddof=0``) and a group of equal rewards
+    gets zeros. ``rewards`` is ``[N]`` with ``N`` a multiple of ``groups``. The arithmetic is
+    ``dew.rl.group_advantage(..., eps=1e-4, ddof=0)``; it runs on this process's CPU device
+    with JAX's x64 mode switched on for the call only, so the result is float64 even when
+    the rest of the program computes in float32.
     """
-    r = np.asarray(rewards, np.float64).reshape(-1, groups)
-    mean = r.mean(axis=1, keepdims=True)
-    std = r.std(axis=1, keepdims=True)
-    return ((r - mean) / (std + STD_EPS)).reshape(-1)
+    values = np.asarray(rewards, np.float64).reshape(-1)
+    with jax.enable_x64(True), jax.default_device(_host_device()):
+        out = _population_advantage(jnp.asarray(values), groups)
+        return np.asarray(out, np.float64)
+
+
+_population_advantage = jax.jit(
+    functools.partial(rl.group_advantage, eps=STD_EPS, ddof=0), static_argnames="group"
+)
+
+
+def _host_device() -> jax.Device | None:
+    """This process's CPU device when JAX has one (the advantages are host work), else JAX's
+    default. A local device: with several processes ``jax.devices("cpu")[0]`` may be remote."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
 
 
 class FlowRollout:

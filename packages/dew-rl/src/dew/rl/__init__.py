@@ -35,11 +35,12 @@ GSPO is a composition, not a function::
 Layout, as in optax: the functions live in private modules by theme and are re-exported
 here; import them from ``dew.rl``, never from the modules::
 
-    _advantages   gae, masked_whiten, group_advantage, rloo_advantage,
-                  ragged_group_advantage
+    _gae          gae, masked_whiten
+    _group        group_advantage, rloo_advantage, ragged_group_advantage
     _ratios       token_log_ratio, sequence_log_ratio
-    _surrogates   clipped_surrogate, clipped_surrogate_terms, cispo_terms,
-                  clipped_value_loss_terms
+    _clipped_surrogate  clipped_surrogate, clipped_surrogate_terms
+    _cispo        cispo_terms
+    _value_loss   clipped_value_loss_terms
     _kl           k1_kl, k2_kl, k3_kl
     _entropy      token_entropy
     _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
@@ -55,14 +56,8 @@ share), never another theme. Every public function's docstring ends with a runna
 (file and function) it follows.
 """
 
-from dew.rl._advantages import (
-    GROUP_EPS,
-    gae,
-    group_advantage,
-    masked_whiten,
-    ragged_group_advantage,
-    rloo_advantage,
-)
+from dew.rl._cispo import cispo_terms
+from dew.rl._clipped_surrogate import clipped_surrogate, clipped_surrogate_terms
 from dew.rl._corrections import (
     behavior_importance_weights,
     icepop_weights,
@@ -70,6 +65,8 @@ from dew.rl._corrections import (
     token_rejection_mask,
 )
 from dew.rl._entropy import token_entropy
+from dew.rl._gae import gae, masked_whiten
+from dew.rl._group import GROUP_EPS, group_advantage, ragged_group_advantage, rloo_advantage
 from dew.rl._kl import k1_kl, k2_kl, k3_kl
 from dew.rl._preference import preference_logsigmoid
 from dew.rl._ratios import sequence_log_ratio, token_log_ratio
@@ -81,12 +78,7 @@ from dew.rl._reductions import (
     sequence_sum_norm,
     token_mean,
 )
-from dew.rl._surrogates import (
-    cispo_terms,
-    clipped_surrogate,
-    clipped_surrogate_terms,
-    clipped_value_loss_terms,
-)
+from dew.rl._value_loss import clipped_value_loss_terms
 
 __all__ = [
     "GROUP_EPS",

@@ -1,4 +1,10 @@
-"""Policy and value surrogates: PPO's dual-clipped objective, CISPO, the clipped critic loss."""
+"""PPO's clipped policy surrogate: the dual-clipped per-token loss, its mean, its backward.
+
+``clipped_surrogate_terms`` gives ``[B, T]`` terms and verl's clip metrics; with Python-number
+bounds its backward pass is written out (``jax.custom_vjp``) so the exponential of the log
+ratio is recomputed rather than stored. ``clipped_surrogate`` is the token mean of those
+terms. CISPO's surrogate lives in ``_cispo`` and the critic's loss in ``_value_loss``.
+"""
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
 
@@ -15,7 +21,7 @@ from dew.rl._checks import (
     require_same_dtype,
     require_same_shape,
 )
-from dew.rl._masking import LOG_RATIO_BOUND, clamp, exact_mean, keep_of, mean_with_eps, select
+from dew.rl._masking import clamp, exact_mean, keep_of, mean_with_eps, select
 
 
 def clipped_surrogate(
@@ -284,129 +290,3 @@ def _terms_backward(
 
 
 _terms.defvjp(_terms_forward, _terms_backward)
-
-
-def cispo_terms(
-    log_probs: jax.Array,
-    old_log_probs: jax.Array,
-    advantages: jax.Array,
-    mask: jax.Array,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """CISPO's per-token loss ``-sg(clip(r)) * A * log pi`` and verl's metrics.
-
-    Port of verl 0.9.1 ``compute_policy_loss_cispo`` before its ``agg_loss`` call
-    (arXiv:2506.13585). The ratio ``r = exp(clamp(log pi - log pi_old, -20, 20))`` is
-    clipped to ``[1 - epsilon_low, 1 + epsilon_high]`` and detached, so the gradient flows
-    only through ``log pi``, weighted by the clipped ratio; no token's gradient is zeroed
-    by the clip, unlike PPO. Reduce the terms with :func:`token_mean` (verl's default) or
-    a sequence reduction.
-
-    Positions outside the mask are replaced before any arithmetic; their terms are 0 and
-    a nan there reaches neither terms, metrics nor gradients.
-
-    Args:
-      log_probs: ``[B, T]`` live log-probabilities of the taken tokens.
-      old_log_probs: ``[B, T]`` sampling-time log-probabilities, same dtype.
-      advantages: ``[B, T]`` advantages, same dtype.
-      mask: ``[B, T]``; non-zero keeps a position.
-      epsilon_low: lower clip range.
-      epsilon_high: upper clip range.
-
-    Returns:
-      ``(terms, metrics)``: ``[B, T]`` terms and scalars without gradient:
-      ``pg_clipfrac`` (float32 share of kept tokens whose ratio was clipped), and
-      ``ppo_kl`` (masked mean of minus the clamped log ratio).
-
-    Examples:
-      >>> import jax
-      >>> import jax.numpy as jnp
-      >>> import dew.rl as rl
-      >>> log_probs = jnp.log(jnp.array([[0.5, 0.9]]))
-      >>> old_log_probs = jnp.log(jnp.array([[0.25, 0.9]]))  # the first ratio is 2
-      >>> advantages = jnp.array([[1.0, 1.0]])
-      >>> mask = jnp.ones((1, 2), bool)
-      >>> def loss(lp):
-      ...     return rl.cispo_terms(lp, old_log_probs, advantages, mask)[0].sum()
-      >>> print(jax.grad(loss)(log_probs))  # the ratio 2 is clipped to 1.2, not zeroed
-      [[-1.2 -1. ]]
-
-    References:
-      MiniMax, `MiniMax-M1: Scaling Test-Time Compute Efficiently with Lightning Attention
-      <https://arxiv.org/abs/2506.13585>`_, 2025 (CISPO).
-
-      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``compute_policy_loss_cispo``.
-    """
-    require_float("log_probs", log_probs)
-    for name, value in (("old_log_probs", old_log_probs), ("advantages", advantages)):
-        require_same_shape(name, value, "log_probs", log_probs)
-        require_same_dtype(name, value, "log_probs", log_probs)
-    require_same_shape("mask", mask, "log_probs", log_probs)
-    keep = keep_of(mask)
-    log_probs = select(log_probs, keep)
-    old_log_probs = select(old_log_probs, keep)
-    advantages = select(advantages, keep)
-
-    log_ratio = clamp(log_probs - old_log_probs, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    ratio = jnp.exp(log_ratio)
-    clipped = clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    terms = -jax.lax.stop_gradient(clipped) * advantages * log_probs
-    metrics = {
-        "pg_clipfrac": mean_with_eps((ratio != clipped).astype(jnp.float32), mask),
-        "ppo_kl": mean_with_eps(-log_ratio, mask),
-    }
-    return select(terms, keep), jax.lax.stop_gradient(metrics)
-
-
-def clipped_value_loss_terms(
-    predicted: jax.Array,
-    returns: jax.Array,
-    old_values: jax.Array,
-    clip: float = 0.2,
-) -> jax.Array:
-    """Half the larger of the plain and the clipped squared value error, per token.
-
-    Port of verl 0.9.1 ``compute_value_loss`` before its mask reduction: the prediction is
-    clipped to ``old_values +- clip`` (verl's ``clip_by_value``, a min then a max, whose
-    ties share the gradient evenly like ``jnp.minimum``), both squared errors against the
-    returns are taken and the larger is multiplied by 0.5. Reduce with
-    :func:`token_mean` for verl's default ``token-mean`` (0.5 is a power of two, so
-    halving before or after the mean gives identical bits).
-
-    ``returns`` and ``old_values`` are rollout data and carry no gradient.
-
-    Args:
-      predicted: ``[B, T]`` live value predictions.
-      returns: ``[B, T]`` return targets (e.g. from :func:`gae`), same dtype.
-      old_values: ``[B, T]`` values recorded at rollout time, same dtype.
-      clip: verl's ``cliprange_value``.
-
-    Returns:
-      ``[B, T]`` in the inputs' dtype. No mask is taken; mask the reduction.
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> import dew.rl as rl
-      >>> predicted = jnp.array([[1.0, -0.25]])
-      >>> returns = jnp.array([[1.0, 0.5]])
-      >>> old_values = jnp.array([[0.0, 0.0]])  # 1.0 is clipped to 0.5, -0.25 is inside
-      >>> print(rl.clipped_value_loss_terms(predicted, returns, old_values, clip=0.5))
-      [[0.125   0.28125]]
-
-    References:
-      Schulman et al., `Proximal Policy Optimization Algorithms
-      <https://arxiv.org/abs/1707.06347>`_, 2017.
-
-      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``compute_value_loss``.
-    """
-    require_float("predicted", predicted)
-    for name, value in (("returns", returns), ("old_values", old_values)):
-        require_same_shape(name, value, "predicted", predicted)
-        require_same_dtype(name, value, "predicted", predicted)
-    returns = jax.lax.stop_gradient(returns)
-    old_values = jax.lax.stop_gradient(old_values)
-    clipped = jnp.maximum(jnp.minimum(predicted, old_values + clip), old_values - clip)
-    plain_error = (predicted - returns) ** 2
-    clipped_error = (clipped - returns) ** 2
-    return 0.5 * jnp.maximum(plain_error, clipped_error)
