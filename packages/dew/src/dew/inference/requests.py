@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -56,6 +57,45 @@ class Request:
     versions: list[int] = dataclasses.field(default_factory=list)
     support: list[np.ndarray] = dataclasses.field(default_factory=list)
     cancelled: bool = False
+
+    def record(self, token: Any, raw: Any, behavior: Any, support: Any, version: int) -> None:
+        """Append one draw: its id, raw and behaviour log-probs, the weights ``version`` that
+        drew it, and its kept-id support row ``[K]`` (``None`` when the sampling keeps none)."""
+        self.ids.append(int(token))
+        self.raw.append(float(raw))
+        self.behavior.append(float(behavior))
+        self.versions.append(version)
+        if support is not None:
+            self.support.append(np.asarray(support))
+
+    def completion(
+        self, reason: str, support_width: int, error: BaseException | None = None
+    ) -> Completion:
+        """The request as a finished ``Completion`` with ``finish_reason=reason``.
+
+        ``support_width`` is ``K``, the kept ids per draw: 0 gives ``support=None``; otherwise
+        ``support`` is int32 ``[n, K]``, ``[0, K]`` for a request that drew nothing (one
+        cancelled before admission).
+        """
+        support = None
+        if support_width:
+            support = (
+                np.stack(self.support).astype(np.int32)
+                if self.support
+                else np.zeros((0, support_width), np.int32)
+            )
+        return Completion(
+            request_id=self.request_id,
+            prompt_ids=self.prompt,
+            ids=np.asarray(self.ids, np.int32),
+            raw_log_probs=np.asarray(self.raw, np.float32),
+            behavior_log_probs=np.asarray(self.behavior, np.float32),
+            versions=np.asarray(self.versions, np.int64),
+            finish_reason=reason,
+            submitted_version=self.submitted_version,
+            error=error,
+            support=support,
+        )
 
 
 __all__ = ["Completion", "Request", "RequestTooLarge"]

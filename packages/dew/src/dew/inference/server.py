@@ -41,13 +41,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.inference._served_weights import served_variables
 from dew.inference.compiled import CompileStats, ProgramCache, bucket
 from dew.inference.generation import as_key, check_context, tree_signature, variables_of
 from dew.inference.requests import Completion, Request, RequestTooLarge
 from dew.inference.slot_programs import admit_program, decode_program
 from dew.models.config import dtype_name
 from dew.models.decoder import CausalTransformer, empty_cache
-from dew.models.serving import fuse
 from dew.sampling import Sampling
 
 _LOG = logging.getLogger(__name__)
@@ -122,7 +122,9 @@ class Server(CompileStats):
             if self.sampling.return_support
             else 0
         )
-        self.variables: Mapping[str, Any] = self._cast(variables_of(variables))
+        self.variables: Mapping[str, Any] = served_variables(
+            variables_of(variables), self.dtype, self.model.config
+        )
         self._signature = tree_signature(self.variables)
         self.version = version
         self._cache = empty_cache(self.model.config, slots, capacity)
@@ -203,7 +205,7 @@ class Server(CompileStats):
         """Serve new weights from the next round on; returns the new version
         (`version`, or the current one plus one). Floating leaves are cast to the
         served dtype; the tree must match the served one in structure and shapes."""
-        cast = self._cast(variables_of(variables))
+        cast = served_variables(variables_of(variables), self.dtype, self.model.config)
         signature = tree_signature(cast)
         if signature != self._signature:
             raise ValueError(
@@ -248,22 +250,6 @@ class Server(CompileStats):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _cast(self, variables: Mapping[str, Any]) -> Mapping[str, Any]:
-        def cast(x: Any) -> Any:
-            x = jnp.asarray(x)
-            if jnp.issubdtype(x.dtype, jnp.floating):
-                return x.astype(self.dtype)
-            return x
-
-        if "params" not in variables:
-            raise ValueError("variables: expected a mapping with a 'params' collection")
-        try:
-            return fuse(jax.tree.map(cast, dict(variables)), self.model.config)
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(
-                f"variables: not a tree of this model's parameters ({error!r})"
-            ) from error
-
     def _take_waiting(self) -> list[tuple[int, Request]]:
         free = [i for i, r in enumerate(self._active) if r is None]
         admitted = []
@@ -300,8 +286,8 @@ class Server(CompileStats):
         out, eos = jax.device_get((out, eos))
         for i, (slot, request) in enumerate(admitted):
             support = out.support[i] if out.support is not None else None
-            self._record(
-                request, out.ids[i], out.raw_log_probs[i], out.behavior_log_probs[i], support
+            request.record(
+                out.ids[i], out.raw_log_probs[i], out.behavior_log_probs[i], support, self.version
             )
             self._tok[slot] = out.ids[i]
             self._count[slot] = 1
@@ -340,49 +326,18 @@ class Server(CompileStats):
             request = self._active[slot]
             assert request is not None
             for j in np.flatnonzero(made[slot]):
-                self._record(
-                    request,
+                request.record(
                     ids[slot, j],
                     raw[slot, j],
                     beh[slot, j],
                     sup[slot, j] if self._k else None,
+                    self.version,
                 )
         self._tok[:] = tok
         self._live[:] = live
         self._count[:] = count
         for slot in np.flatnonzero(was_live & ~live):
             self._finish(int(slot), "eos" if eos[slot] else "length", finished)
-
-    def _record(self, request: Request, token: Any, raw: Any, beh: Any, support: Any) -> None:
-        request.ids.append(int(token))
-        request.raw.append(float(raw))
-        request.behavior.append(float(beh))
-        request.versions.append(self.version)
-        if support is not None:
-            request.support.append(np.asarray(support))
-
-    def _completion(
-        self, request: Request, reason: str, error: BaseException | None = None
-    ) -> Completion:
-        support = None
-        if self._k:
-            support = (
-                np.stack(request.support).astype(np.int32)
-                if request.support
-                else np.zeros((0, self._k), np.int32)
-            )
-        return Completion(
-            request_id=request.request_id,
-            prompt_ids=request.prompt,
-            ids=np.asarray(request.ids, np.int32),
-            raw_log_probs=np.asarray(request.raw, np.float32),
-            behavior_log_probs=np.asarray(request.behavior, np.float32),
-            versions=np.asarray(request.versions, np.int64),
-            finish_reason=reason,
-            submitted_version=request.submitted_version,
-            error=error,
-            support=support,
-        )
 
     def _finish(
         self, slot: int, reason: str, finished: list[Completion], error: BaseException | None = None
@@ -391,7 +346,7 @@ class Server(CompileStats):
         assert request is not None
         self._active[slot] = None
         self._live[slot] = False
-        finished.append(self._completion(request, reason, error))
+        finished.append(request.completion(reason, self._k, error))
 
     def _drop_cancelled(self, finished: list[Completion]) -> None:
         kept: collections.deque[Request] = collections.deque()
@@ -400,7 +355,7 @@ class Server(CompileStats):
                 # never admitted, so its callback is not registered yet
                 if request.callback is not None:
                     self._callbacks[request.request_id] = request.callback
-                finished.append(self._completion(request, "cancelled"))
+                finished.append(request.completion("cancelled", self._k))
             else:
                 kept.append(request)
         self._waiting = kept

@@ -33,6 +33,10 @@ Metrics beyond GRPO's (``policy/*``, ``kl/reference``, ``mismatch/*``, ``tokens`
 ``critic/loss`` (token mean of the clipped half-squared error), ``critic/clip_fraction``
 (verl ``vf_clipfrac``), ``critic/error`` (token mean of ``(V - R)^2``), ``critic/value`` and
 ``critic/return`` (token means).
+
+The critic's half (``packed_values``, ``value_loss_terms``) lives in ``_ppo_critic`` and the
+two-subtree variables tree (``subtree``, ``join``) in ``_ppo_tree``; the two public names are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -46,100 +50,14 @@ import jax.numpy as jnp
 
 from dew.checks import is_real
 from dew.objectives.base import validate_pretrained
+from dew.objectives.rl._ppo_critic import packed_values, value_loss_terms
+from dew.objectives.rl._ppo_tree import CRITIC, POLICY, join, subtree
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.policy_loss import scored_policy_loss
-from dew.objectives.scoring import packed_log_probs, same_chain
-from dew.rl import clipped_value_loss_terms, masked_mean
+from dew.objectives.scoring import packed_log_probs
 
 _UNSET = object()
-POLICY = "policy"
-CRITIC = "critic"
 TARGETS = ("old_values", "advantages", "returns")
-
-
-def _split(variables: Mapping[str, Any], part: str) -> dict[str, Any]:
-    """The ``part`` subtree of every collection that has one, as a variables mapping."""
-    if not hasattr(variables, "keys") or "params" not in variables:
-        raise ValueError(
-            f"variables: expected a mapping with a 'params' collection, got "
-            f"{type(variables).__name__}"
-        )
-    params = variables["params"]
-    if not hasattr(params, "keys") or part not in params:
-        keys = sorted(params.keys()) if hasattr(params, "keys") else type(params).__name__
-        raise KeyError(
-            f"variables['params'][{part!r}]: missing; a PPO variables tree holds 'policy' and "
-            f"'critic' subtrees, got {keys}"
-        )
-    return {
-        name: tree[part]
-        for name, tree in variables.items()
-        if hasattr(tree, "keys") and part in tree
-    }
-
-
-def _join(policy: Mapping[str, Any], critic: Mapping[str, Any]) -> dict[str, Any]:
-    """One variables tree with ``policy`` and ``critic`` under every collection."""
-    out: dict[str, Any] = {}
-    for name in sorted(set(policy) | set(critic)):
-        out[name] = {}
-        if name in policy:
-            out[name][POLICY] = policy[name]
-        if name in critic:
-            out[name][CRITIC] = critic[name]
-    return out
-
-
-def packed_values(
-    critic: Any, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
-) -> jax.Array:
-    """``[B, W]`` float32 critic value of the state before each id, 0 where no state is.
-
-    The critic reads ``input_ids[:, :-1]`` with the rows' segment ids and positions and
-    returns ``[B, W - 1]``; column ``t`` of the result is its output at column ``t - 1``, the
-    same alignment as ``packed_log_probs``. The first id of every chain, padding and column 0
-    get 0.
-    """
-    ids = jnp.asarray(batch["input_ids"])
-    segments = jnp.asarray(batch["text_segment_ids"])
-    positions = jnp.asarray(batch["text_positions"])
-    values = critic.apply(
-        variables, ids[:, :-1], segment_ids=segments[:, :-1], positions=positions[:, :-1]
-    )
-    expected = (ids.shape[0], ids.shape[1] - 1)
-    if tuple(values.shape) != expected:
-        raise ValueError(
-            f"critic: expected one value per position, shape {expected} for input_ids "
-            f"{tuple(ids.shape[:1]) + (ids.shape[1] - 1,)}, got {tuple(values.shape)}"
-        )
-    values = values.astype(jnp.float32)
-    values = jnp.where(same_chain(segments), values, 0.0)
-    return jnp.concatenate([jnp.zeros_like(values[:, :1]), values], axis=1)
-
-
-def value_loss_terms(
-    values: jax.Array,
-    batch: Mapping[str, jax.Array],
-    mask: jax.Array,
-    value_clip: float,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """``[B, W]`` clipped half-squared value errors (0 off ``mask``) and critic metrics."""
-    returns = jnp.where(mask, jnp.asarray(batch["returns"]).astype(jnp.float32), 0.0)
-    old = jnp.where(mask, jnp.asarray(batch["old_values"]).astype(jnp.float32), 0.0)
-    predicted = jnp.where(mask, values, 0.0)
-    terms = jnp.where(mask, clipped_value_loss_terms(predicted, returns, old, value_clip), 0.0)
-    clipped = jnp.maximum(jnp.minimum(predicted, old + value_clip), old - value_clip)
-    plain = (predicted - returns) ** 2
-    metrics = {
-        "critic/loss": masked_mean(terms, mask),
-        "critic/clip_fraction": masked_mean(
-            ((clipped - returns) ** 2 > plain).astype(jnp.float32), mask
-        ),
-        "critic/error": masked_mean(plain, mask),
-        "critic/value": masked_mean(predicted, mask),
-        "critic/return": masked_mean(returns, mask),
-    }
-    return terms, jax.lax.stop_gradient(metrics)
 
 
 class PPOObjective:
@@ -275,11 +193,11 @@ class PPOObjective:
                     critic_key, ids, segment_ids=jnp.ones_like(ids), positions=positions
                 )
             )
-        return _join(policy, critic)
+        return join(policy, critic)
 
     def policy_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """The policy's own variables (``{"params": policy}``) out of a PPO variables tree."""
-        return _split(variables, POLICY)
+        return subtree(variables, POLICY)
 
     def reference_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """What the Trainer keeps as the frozen reference: the policy subtree only."""
@@ -310,7 +228,7 @@ class PPOObjective:
 
     def critic_variables(self, variables: Mapping[str, Any]) -> dict[str, Any]:
         """The critic's own variables (``{"params": critic}``) out of a PPO variables tree."""
-        return _split(variables, CRITIC)
+        return subtree(variables, CRITIC)
 
     # ------------------------------------------------------------------ scoring
 
