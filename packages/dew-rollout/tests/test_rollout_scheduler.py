@@ -5,7 +5,8 @@ scripted SessionSource (rollout_scripted.py) forces the statuses a real engine w
 
 from __future__ import annotations
 
-import io
+import re
+import sys
 
 import jax
 import numpy as np
@@ -29,7 +30,7 @@ from dew.rollout import (
     prompt_tasks,
     task_ids,
 )
-from dew.rollout.scheduler.progress import SchedulerProgress
+from dew.testing import TerminalStream as Terminal
 
 B, G = 2, 2
 
@@ -318,15 +319,35 @@ def test_reopening_the_stream_cancels_the_old_work(tiny, objective):
     assert sorted(source.cancelled) == [(10, 0), (10, 1), (11, 0), (11, 1)]
 
 
-def test_progress_bar_only_on_a_terminal():
-    plain = io.StringIO()
-    SchedulerProgress(plain).update(1, 2, 3, 0.5)
-    assert plain.getvalue() == ""
-    forced = io.StringIO()
-    bar = SchedulerProgress(forced, enabled=True)
-    bar.update(1, 2, 3, 0.5)
-    bar.close()
-    assert forced.getvalue().startswith("\rrollouts [##########..........] 1/2 groups, 3 in")
+def test_progress_bar_shows_groups_in_flight_and_wait_only_on_a_terminal(
+    tiny, objective, monkeypatch
+):
+    for tty in (True, False):
+        stream = Terminal(tty)
+        monkeypatch.setattr(sys, "stderr", stream)
+        script = lambda task, n: Plan(delay=0.2)  # noqa: E731
+        scheduler, _, records, _ = scheduler_for(objective, script, ahead=1)
+        drive(scheduler, id_batches(2), tiny.variables)
+        scheduler.close()
+        if not tty:
+            assert stream.getvalue() == ""
+            continue
+        lines = stream.getvalue().split("\n")
+        assert len(lines) == 3 and lines[-1] == "", lines  # one bar per batch, each ended
+        waits = []
+        for line in lines[:2]:
+            last = line.rsplit("\r", 1)[-1]
+            # the batch's groups all admitted, the rollouts of the batch ahead in flight
+            match = re.fullmatch(
+                r"rollouts: 100%\|#+\| 2/2 groups \[\d\d:\d\d, (\d+) in flight, "
+                r"waited (\d+\.\d\d)s\]",
+                last,
+            )
+            assert match, last
+            assert 0 <= int(match[1]) <= 2 * B * G
+            waits.append(float(match[2]))
+        assert waits[0] >= 0.1, waits  # the first batch's rollouts each took 0.2 s
+        assert [r.admitted_groups for r in records] == [2, 2]
 
 
 # ---------------------------------------------------------------- Trainer runs on the native server
@@ -435,3 +456,59 @@ def test_trainer_through_multi_turn_environments(tiny):
     assert all(len(s.calls) == 2 for s in scheduler.last_sessions)
     assert records[-1].metrics["sessions/calls_per_chain"] == 2.0
     assert [r.lag for r in records] == [0, 1, 1]
+
+
+# ---------------------------------------------------------------- the handed-over batch
+
+
+def test_take_checks_every_column_of_the_handed_batch():
+    from dew.rollout.scheduler.tasks import TaskStream
+
+    opened = []
+    stream = TaskStream(ahead=1, on_open=opened.append)
+    batches = [
+        {"task_id": np.array([0, 1], np.int32), "answer": np.array([3.0, np.nan]),
+         "level": np.array([[1, 2], [3, 4]])},
+        {"task_id": np.array([2, 3], np.int32), "answer": np.array([5.0, 6.0]),
+         "level": np.array([[5, 6], [7, 8]])},
+    ]  # fmt: skip
+    rows = stream.wrap(dataset_of(batches)).stream(Partition(), 0)
+    with pytest.raises(RuntimeError, match=r"did not come from scheduler\.tasks"):
+        stream.take(batches[0])
+    first = next(rows)
+    # the same values, a narrowed dtype and an added column pass; nan equals nan
+    handed = {**first, "answer": first["answer"].astype(np.float32), "extra": np.zeros(2)}
+    assert stream.take(handed) == 0 and opened == [0]
+
+    second = next(rows)
+    # the first column matches; a later one does not (the old check looked at the first only)
+    changed = {**second, "level": np.array([[5, 6], [7, 9]])}
+    message = (
+        "scheduler: the batch handed over is not batch 1 of the wrapped stream: "
+        "batch['level'] expected shape (2, 2) int64 [[5, 6],\n [7, 8]], "
+        "got shape (2, 2) int64 [[5, 6],\n [7, 9]]; train on scheduler.tasks(dataset)"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        stream.take(changed)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "got"),
+    [
+        ("answer", None, "got no such column"),
+        ("answer", np.array([5.0, 6.0, 7.0]), "got shape (3,) float64 [5., 6., 7.]"),
+        ("answer", np.array([5.0, 6.5]), "got shape (2,) float64 [5. , 6.5]"),
+    ],
+)
+def test_take_names_the_column_that_differs(column, value, got):
+    from dew.rollout.scheduler.tasks import TaskStream
+
+    stream = TaskStream(ahead=0, on_open=lambda start: None)
+    batch = {"task_id": np.array([2, 3], np.int32), "answer": np.array([5.0, 6.0])}
+    first = next(stream.wrap(dataset_of([batch])).stream(Partition(), 0))
+    handed = {k: v for k, v in first.items() if k != column}
+    if value is not None:
+        handed[column] = value
+    expected = f"batch['answer'] expected shape (2,) float64 [5., 6.], {got}"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        stream.take(handed)

@@ -71,6 +71,27 @@ def prompt_tasks(batch: Batch) -> list[Task]:
     return tasks
 
 
+def _describe(value: np.ndarray) -> str:
+    """``shape (2,) int32 [0 1]``: enough of an array to tell two apart in an error."""
+    text = np.array2string(value, threshold=8, edgeitems=2, separator=", ")
+    return f"shape {value.shape} {value.dtype} {text}"
+
+
+def _column_difference(batch: Batch, name: str, expected: Any) -> str | None:
+    """Why ``batch[name]`` is not the registered column ``expected`` (``None``: it is).
+
+    Values are compared, not dtypes (a trainer may hand over a narrowed copy); nan equals nan.
+    """
+    want = np.asarray(expected)
+    if name not in batch:
+        return f"batch[{name!r}] expected {_describe(want)}, got no such column"
+    got = np.asarray(batch[name])
+    inexact = np.issubdtype(want.dtype, np.inexact) and np.issubdtype(got.dtype, np.inexact)
+    if got.shape == want.shape and np.array_equal(got, want, equal_nan=inexact):
+        return None
+    return f"batch[{name!r}] expected {_describe(want)}, got {_describe(got)}"
+
+
 class TaskStream:
     """The registry of batches read ahead for one scheduler (see the module docstring).
 
@@ -134,7 +155,13 @@ class TaskStream:
                 close()
 
     def take(self, batch: Batch) -> int:
-        """The index of the batch the trainer now hands over (checked against ``batch``)."""
+        """The index of the batch the trainer now hands over.
+
+        Every column of the registered batch is checked against ``batch`` (same shape and
+        values; the trainer may add columns, never change one): a batch that is not the one
+        this stream handed out raises ``ValueError`` naming the column, what was registered
+        and what came. A call with nothing handed out raises ``RuntimeError``.
+        """
         with self._lock:
             if not self._handed:
                 raise RuntimeError(
@@ -143,12 +170,13 @@ class TaskStream:
                 )
             index = self._handed.popleft()
             mine = self._batches[index]
-        name = next(iter(mine))
-        if name not in batch or not np.array_equal(np.asarray(batch[name]), np.asarray(mine[name])):
-            raise RuntimeError(
-                f"scheduler: the batch handed over is not batch {index} of the wrapped stream "
-                f"(column {name!r} differs); train on scheduler.tasks(dataset)"
-            )
+        for name, expected in mine.items():
+            problem = _column_difference(batch, name, expected)
+            if problem is not None:
+                raise ValueError(
+                    f"scheduler: the batch handed over is not batch {index} of the wrapped "
+                    f"stream: {problem}; train on scheduler.tasks(dataset)"
+                )
         return index
 
     def registered(self, index: int) -> Batch | None:
