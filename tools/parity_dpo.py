@@ -26,11 +26,8 @@ the wheel's sha256, the function and the options of every case.
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
@@ -39,6 +36,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 import trl
+from reference_wheel import atomic_write, wheel_sha256
 from trl import DPOConfig, DPOTrainer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,10 +151,7 @@ def _case(
     for key, value in metrics.items():
         arrays["metric_" + key.replace("/", "_")] = np.float32(value)
     path = OUT / f"{name}.npz"
-    with tempfile.NamedTemporaryFile(dir=OUT, suffix=".npz", delete=False) as handle:
-        np.savez(handle, **arrays)
-    os.chmod(handle.name, 0o644)
-    os.replace(handle.name, path)
+    atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
     return {
         "file": path.name,
         "beta": beta,
@@ -180,29 +175,10 @@ def _masks(rng: np.random.Generator, pairs: int, width: int) -> np.ndarray:
     return mask
 
 
-def _wheel_sha256(workdir: str) -> str | None:
-    """sha256 of the trl wheel, fetched with pip (None when the registry is unreachable)."""
-    target = Path(workdir) / "wheel"
-    cmd = [sys.executable, "-m", "pip", "download", f"trl=={TRL_VERSION}", "--no-deps"]
-    try:
-        subprocess.run(
-            [*cmd, "-d", str(target), "-q"], check=True, timeout=300, capture_output=True
-        )
-    except (subprocess.SubprocessError, OSError):
-        try:  # the reference venv is made by uv and may lack pip; the system python has it
-            subprocess.run(
-                ["python3", *cmd[1:], "-d", str(target), "-q"],
-                check=True,
-                timeout=300,
-                capture_output=True,
-            )
-        except (subprocess.SubprocessError, OSError):
-            return None
-    wheels = sorted(target.glob(f"trl-{TRL_VERSION}-*.whl"))
-    return hashlib.sha256(wheels[0].read_bytes()).hexdigest() if wheels else None
-
-
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheel-sha256", help="the trl wheel's sha256, if already known")
+    args = parser.parse_args()
     if trl.__version__ != TRL_VERSION:
         raise SystemExit(f"trl version: expected {TRL_VERSION}, found {trl.__version__}")
     OUT.mkdir(parents=True, exist_ok=True)
@@ -224,11 +200,10 @@ def main() -> None:
         # An unmoved policy: zero rewards, loss log 2, no wins.
         policy = rng.normal(-2.0, 1.0, (pairs, 2, width - 1)).astype(np.float32)
         cases.append(_case("sigmoid_unmoved", 0.1, mask, policy, policy.copy(), workdir))
-        sha = _wheel_sha256(workdir)
     sidecar = {
         "package": "trl",
         "version": trl.__version__,
-        "wheel_sha256": sha,
+        "wheel_sha256": wheel_sha256("trl", TRL_VERSION, args.wheel_sha256),
         "torch": torch.__version__,
         "function": "trl.trainer.dpo_trainer.DPOTrainer._compute_loss",
         "recorder": "tools/parity_dpo.py",
@@ -237,12 +212,8 @@ def main() -> None:
         "options": {"loss_type": "sigmoid", "f_divergence_type": "reverse_kl", "ld_alpha": None},
         "cases": cases,
     }
-    target = OUT / "trl_dpo.json"
-    with tempfile.NamedTemporaryFile("w", dir=OUT, suffix=".json", delete=False) as handle:
-        json.dump(sidecar, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-    os.chmod(handle.name, 0o644)
-    os.replace(handle.name, target)
+    text = json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
+    atomic_write(OUT / "trl_dpo.json", lambda tmp: Path(tmp).write_text(text))
     print(f"wrote {len(cases)} cases to {OUT}")
 
 
