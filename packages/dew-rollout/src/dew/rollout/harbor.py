@@ -26,8 +26,11 @@ gives the status, by Harbor's own error classes (`harbor/models/trial/error_poli
 A COMPLETED or AGENT_ERROR trial without a reward, or one whose traces are missing or
 malformed, is an INFRA_ERROR: nothing about it can be trained on. The session's traces
 are deleted from the gateway once read. `cancel` kills the trial's process group and the
-session comes back CANCELLED. Harbor has no seed for agents, so `seed` is recorded in
-the session's detail only; a resubmitted trial does not replay the same tokens.
+session comes back CANCELLED. Harbor 0.26.0 gives a trial no seed: its `TrialConfig`
+(`harbor/models/trial/config.py`) has no seed field and `harbor trial start` no seed
+option (a seed reaches only what an agent forwards to its own model calls, per agent).
+So `seed` is recorded in the session's detail only; a resubmitted trial does not replay
+the same tokens.
 
 Before the first trial `Gateway.ready(ready_timeout)` must pass; its failure raises from
 that submission's future (the gateway is broken, not one trial).
