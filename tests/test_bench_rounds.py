@@ -110,3 +110,23 @@ def test_record_is_written_atomically_with_the_machine(tmp_path):
     path = rounds.write_record("unit", {"machine": info, "x": [1, 2]}, tmp_path)
     assert json.loads(path.read_text())["x"] == [1, 2]
     assert [p.name for p in tmp_path.iterdir()] == ["unit.json"]
+
+
+def test_model_arguments_are_defined_once_for_the_model_benches():
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("_shapes", PATH.parent / "_shapes.py")
+    assert spec is not None and spec.loader is not None
+    shapes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shapes)
+    parser = argparse.ArgumentParser()
+    shapes.add_model_arguments(parser)
+    args = parser.parse_args(["--shape", "qwen3-0.6b", "--dtype", "bfloat16"])
+    assert (args.shape, args.dtype) == ("qwen3-0.6b", "bfloat16")
+    assert shapes.SHAPES[args.shape]["hidden_size"] == 1024
+    assert parser.parse_args([]).shape == "small"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--shape", "huge"])
+    for bench in ("bench_sft.py", "bench_generation.py"):
+        text = (PATH.parent / bench).read_text()
+        assert "add_model_arguments(parser)" in text and "SHAPES = {" not in text

@@ -247,15 +247,46 @@ def reference_python() -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def revision_env(revision: str, into: Path) -> dict[str, str]:
+    """Environment that makes this interpreter import Dew as of git ``revision``.
+
+    Extracts ``packages/`` of that revision (``git archive``) under ``into`` and puts every
+    distribution's ``src`` first on ``PYTHONPATH``, ahead of the workspace's editable
+    installs; the rest of the environment (pinning, thread flags) is this process's. A
+    bench's ``--base REV`` runs the same contender code against that revision's library
+    in a worker, in the same interleaved rounds as the working tree's.
+    """
+    import io
+    import tarfile
+
+    done = subprocess.run(["git", "-C", str(ROOT), "archive", revision, "packages"],
+                          capture_output=True)  # fmt: skip
+    if done.returncode != 0:
+        raise ValueError(f"--base: git archive of {revision!r} failed: {done.stderr.decode()}")
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    sources = sorted(str(p) for p in (into / "packages").glob("*/src"))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*sources, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def revision_name(revision: str) -> str:
+    """``revision`` and its short commit id, for labels (``main@4ff3d28``)."""
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", revision],
+                          capture_output=True, text=True)  # fmt: skip
+    return f"{revision}@{done.stdout.strip()}" if done.returncode == 0 else revision
+
+
 class Worker:
     """A reference-side process spoken to over JSON lines (one request, one reply line).
 
     The child inherits this process's CPU affinity and thread environment.
     """
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # fmt: skip
+                                     text=True, env=None if env is None else dict(env))  # fmt: skip
         self.info = self._read()
 
     def _read(self) -> dict[str, Any]:

@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import WORKER_LOOP, Bench, Worker, add_arguments, reference_python  # noqa: E402
+from _rounds import (  # noqa: E402
+    WORKER_LOOP,
+    Bench,
+    Worker,
+    add_arguments,
+    reference_python,
+)
+from _shapes import SHAPES, add_model_arguments  # noqa: E402
 
 PROMPT_LEN = 32
 GOAL_DECODE, GOAL_PREFILL = 2.5, 1.5
-SHAPES = {
-    "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=1088, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128),
-}  # fmt: skip
 
 REFERENCE = (
     WORKER_LOOP
@@ -99,8 +99,7 @@ def main() -> None:
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--repeats", type=int, default=2, help="best of N calls per round")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    add_model_arguments(parser)
     parser.add_argument("--no-compiles", action="store_true",
                         help="skip the 100-prompt compile count")  # fmt: skip
     args = parser.parse_args()

@@ -7,7 +7,7 @@ virtualenv with tools/vllm_engine.sh:
     DEW_VLLM_ENV=tools/.envs/vllm .venv/bin/python tools/bench/bench_rollout.py [--rounds 3]
 
 Part 1, throughput. The tiny untied Qwen3 of dew-rollout's tests (2 layers, width 128,
-head_dim 64, vocab 128) is written once with `SafetensorsReload.write` (bfloat16); vLLM
+head_dim 64, vocab 384) is written once with `SafetensorsReload.write` (bfloat16); vLLM
 serves it in float32 (`--dtype float32`), and `NativeRolloutServer` serves the same file
 (`load_pretrained`, float32) on a `Server` with 32 slots. Both draw 64 new tokens per
 request at temperature one with no EOS, for the same prompts and seeds, at 1, 8 and 32

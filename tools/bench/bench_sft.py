@@ -37,17 +37,13 @@ from _rounds import (  # noqa: E402
     Worker,
     add_arguments,
     reference_python,
+    revision_env,
+    revision_name,
     spread,
 )
+from _shapes import SHAPES, add_model_arguments  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = {
-    "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=1088, num_hidden_layers=4,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                       head_dim=128),
-}  # fmt: skip
 GOAL_TRL, GOAL_TORCH, GOAL_PEAK, GOAL_FIRST = 1.5, 1.2, 0.45, 5.0
 
 REFERENCE = (
@@ -136,20 +132,20 @@ def model_flops(params: int, cfg: dict, b: int, t: int) -> float:
     return 6.0 * params * tokens + attention
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser, rounds=5)
-    parser.add_argument("--steps", type=int, default=4, help="timed steps per contender a round")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="compute dtype of every contender (parameters stay float32 in Dew)")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
-    args = parser.parse_args()
-    bench = Bench("sft", args.cpus, args.threads)  # before jax starts: pins and thread flags
+def dew_flags(args: argparse.Namespace) -> list[str]:
+    """The flags a ``--serve-dew`` worker needs to build the same Dew contender."""
+    return ["--shape", args.shape, "--dtype", args.dtype, "--batch", str(args.batch),
+            "--seq", str(args.seq), "--steps", str(args.steps)]  # fmt: skip
 
+
+def dew_side(directory: str, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Dew's contenders on the checkpoint in ``directory``: compiled Trainer steps.
+
+    Returns ``(runs, dew_steps)``: ``runs[name]`` holds the step, state, placed batches and
+    the first step's time; ``dew_steps(name)`` is a round's callable (``--steps`` times).
+    Uses whichever ``dew`` this interpreter imports (``--base`` workers import a revision).
+    """
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import optax
 
@@ -159,57 +155,102 @@ def main() -> None:
     from dew.trainer.mesh import global_batch
 
     cfg, b, t = SHAPES[args.shape], args.batch, args.seq
+    pre = models.load_pretrained(directory)
+    rng = np.random.default_rng(1)
+    batches = [
+        {"text": rng.integers(1, cfg["vocab_size"], (b, t + 1)).astype(np.int32)} for _ in range(8)
+    ]
+    variants = {"dew": pre.model}
+    if args.dtype == "float32" and not args.serve_dew:
+        variants["dew_bf16_compute"] = models.build(
+            "qwen3", **{**pre.config.__dict__, "dtype": "bfloat16"}
+        )
+    elif args.dtype == "bfloat16":
+        variants = {"dew": models.build("qwen3", **{**pre.config.__dict__, "dtype": "bfloat16"})}
+    runs: dict[str, dict] = {}
+    for name, model in variants.items():
+        objective = LMObjective(model, t, pretrained=dict(pre.variables), ema_decay=None)
+        trainer = Trainer(objective, optax.adamw(1e-4), key=jax.random.key(0),
+                          devices=jax.devices()[:1])  # fmt: skip
+        state = trainer.initial_state()
+        placed = [global_batch(x, trainer.mesh) for x in batches]
+        step = trainer._step()
+        start = time.perf_counter()
+        state, metrics = step(state, placed[0])
+        jax.block_until_ready(metrics)
+        runs[name] = {"step": step, "state": state, "placed": placed, "i": 1,
+                      "first_step_s": time.perf_counter() - start}  # fmt: skip
+
+    def dew_steps(name: str):  # type: ignore[no-untyped-def]
+        run = runs[name]
+
+        def call() -> list[float]:
+            times = []
+            for _ in range(args.steps):
+                batch = run["placed"][run["i"] % len(run["placed"])]
+                run["i"] += 1
+                start = time.perf_counter()
+                run["state"], metrics = run["step"](run["state"], batch)
+                jax.block_until_ready(metrics)
+                times.append(time.perf_counter() - start)
+            return times
+
+        return call
+
+    return runs, dew_steps
+
+
+def serve_dew(args: argparse.Namespace) -> None:
+    """Worker mode for ``--base``: Dew's step on ``--serve-dew DIR``, over JSON lines."""
+    import dew.models
+
+    runs, dew_steps = dew_side(args.serve_dew, args)
+    loop: dict = {}
+    exec(WORKER_LOOP, loop)  # the reference workers' JSON-lines loop
+    calls = {name: dew_steps(name) for name in runs}
+    loop["serve"](
+        {"steps": lambda name: {"step_s": calls[name]()}},
+        {"dew_models": dew.models.__file__,
+         "first_step_s": {k: r["first_step_s"] for k, r in runs.items()}},
+    )  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, rounds=5)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per contender a round")
+    add_model_arguments(parser)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--base", default="",
+                        help="also time Dew as of this git revision (e.g. main) in a worker, "
+                        "same rounds; prints base / this tree")  # fmt: skip
+    parser.add_argument("--serve-dew", default="", help=argparse.SUPPRESS)  # internal: worker
+    args = parser.parse_args()
+    if args.serve_dew:
+        serve_dew(args)
+        return
+    bench = Bench("sft", args.cpus, args.threads)  # before jax starts: pins and thread flags
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    cfg, b, t = SHAPES[args.shape], args.batch, args.seq
     tok = str(ROOT / "tests" / "fixtures" / "chat" / "tokenizer")
     with tempfile.TemporaryDirectory() as directory:
         worker = Worker([reference_python(), "-c", REFERENCE, directory, str(b), str(t),
                          json.dumps(cfg), args.dtype, tok])  # fmt: skip
+        base = None
         try:
             info = worker.info
-            pre = models.load_pretrained(directory)
-            rng = np.random.default_rng(1)
-            batches = [
-                {"text": rng.integers(1, cfg["vocab_size"], (b, t + 1)).astype(np.int32)}
-                for _ in range(8)
-            ]
-            variants = {"dew": pre.model}
-            if args.dtype == "float32":
-                variants["dew_bf16_compute"] = models.build(
-                    "qwen3", **{**pre.config.__dict__, "dtype": "bfloat16"}
-                )
-            else:
-                variants = {
-                    "dew": models.build("qwen3", **{**pre.config.__dict__, "dtype": "bfloat16"})
-                }
-            runs: dict[str, dict] = {}
-            for name, model in variants.items():
-                objective = LMObjective(model, t, pretrained=dict(pre.variables), ema_decay=None)
-                trainer = Trainer(objective, optax.adamw(1e-4), key=jax.random.key(0),
-                                  devices=jax.devices()[:1])  # fmt: skip
-                state = trainer.initial_state()
-                placed = [global_batch(x, trainer.mesh) for x in batches]
-                step = trainer._step()
-                start = time.perf_counter()
-                state, metrics = step(state, placed[0])
-                jax.block_until_ready(metrics)
-                runs[name] = {"step": step, "state": state, "placed": placed, "i": 1,
-                              "first_step_s": time.perf_counter() - start}  # fmt: skip
-
-            def dew_steps(name: str):
-                run = runs[name]
-
-                def call() -> list[float]:
-                    times = []
-                    for _ in range(args.steps):
-                        batch = run["placed"][run["i"] % len(run["placed"])]
-                        run["i"] += 1
-                        start = time.perf_counter()
-                        run["state"], metrics = run["step"](run["state"], batch)
-                        jax.block_until_ready(metrics)
-                        times.append(time.perf_counter() - start)
-                    return times
-
-                return call
-
+            runs, dew_steps = dew_side(directory, args)
+            if args.base:
+                base_label = f"dew {revision_name(args.base)}"
+                env = revision_env(args.base, Path(directory) / "base")
+                base = Worker([sys.executable, str(Path(__file__).resolve()), "--serve-dew",
+                               directory, *dew_flags(args)], env=env)  # fmt: skip
+                info["base"] = base.info
             n = 1024
             a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
             dot = jax.jit(lambda x, y: x @ y)
@@ -231,6 +272,11 @@ def main() -> None:
                 "trl": lambda: worker.ask(op="trl", steps=args.steps)["step_s"],
                 "torch": lambda: worker.ask(op="torch", steps=args.steps)["step_s"],
                 **{name: dew_steps(name) for name in runs},
+                **(
+                    {}
+                    if base is None
+                    else {base_label: lambda: base.ask(op="steps", name="dew")["step_s"]}
+                ),  # fmt: skip
                 "jnp.dot peak": jax_peak,
                 "torch matmul peak": torch_peak,
             }
@@ -239,6 +285,8 @@ def main() -> None:
             times = bench.rounds(contenders, args.rounds)
         finally:
             worker.close()
+            if base is not None:
+                base.close()
     tokens = b * t
     bench.say(
         f"model: Qwen3 '{args.shape}' {info['params'] / 1e6:.2f}M parameters, [{b}, {t}] tokens "
@@ -246,6 +294,8 @@ def main() -> None:
         f"threads), TRL {info['trl']}, transformers {info['transformers']}, JAX {jax.__version__} "
         f"on {jax.devices()[0].platform}; {args.rounds} rounds x {args.steps} steps, interleaved"
     )
+    if args.base:
+        bench.say(f"  {base_label}: dew imported from {info['base']['dew_models']} (a worker)")
     bench.say("step time per contender (peaks: the time the step's FLOPs take at that peak):")
     for name, values in times.items():
         bench.show(name, values, extra=f"{tokens / spread(values).median:9.0f} tokens/s")
@@ -255,6 +305,9 @@ def main() -> None:
                   GOAL_PEAK)  # fmt: skip
     bench.compare("torch loop share of torch matmul peak", times["torch matmul peak"],
                   times["torch"])  # fmt: skip
+    if args.base:
+        bench.compare(f"{base_label} / dew (step time: this tree's speed-up)", times[base_label],
+                      times["dew"])  # fmt: skip
     if "dew_bf16_compute" in times:
         bench.compare("bf16 compute gain (dew / dew_bf16)", times["dew"], times["dew_bf16_compute"])
     first = runs["dew"]["first_step_s"]

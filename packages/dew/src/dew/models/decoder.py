@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
 from dew.models.layers import DecoderLayer, RMSNorm
+from dew.models.linear import Linear
 from dew.models.rope import inverse_frequencies, rotary_tables
 
 
@@ -85,7 +86,7 @@ class CausalTransformer(nn.Module):
         self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
         self.norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
         if not cfg.tie_embeddings:
-            self.lm_head = nn.Dense(
+            self.lm_head = Linear(
                 cfg.vocab_size,
                 use_bias=False,
                 dtype=cfg.compute_dtype,

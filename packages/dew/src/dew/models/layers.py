@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
+from dew.models.linear import Linear
 from dew.models.rope import apply_rotary
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
@@ -34,8 +35,8 @@ QUERY_CHUNK = 128
 
 def _dense(
     features: int, cfg: DecoderConfig, name: str | None = None, bias: bool = False
-) -> nn.Dense:
-    return nn.Dense(
+) -> Linear:
+    return Linear(
         features,
         use_bias=bias,
         dtype=cfg.compute_dtype,

@@ -1,0 +1,24 @@
+"""The Qwen3 model shapes the SFT and generation benchmarks build on both sides (Dew and
+transformers), as ``Qwen3Config`` keywords: ``small`` for a shared CPU, ``qwen3-0.6b`` for the
+real model's layout (no weights: both sides initialise their own).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHAPES = {
+    "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=1088, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128),
+}  # fmt: skip
+
+
+def add_model_arguments(parser: Any) -> None:
+    """The model flags of the model benches, defined once: --shape (a key of SHAPES), --dtype."""
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
+                        help="random Qwen3 shape: small (5.2M parameters) or qwen3-0.6b")  # fmt: skip
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="compute dtype of every contender (Dew keeps float32 parameters)")  # fmt: skip
