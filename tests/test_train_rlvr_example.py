@@ -4,17 +4,15 @@ and programs by CodeReward on a ProcessRunner fleet, held-out accuracy before an
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
+
+from dew.testing import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_the_rlvr_example_runs_one_batch_ahead(tmp_path):
-    spec = importlib.util.spec_from_file_location("train_rlvr", ROOT / "examples" / "train_rlvr.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(ROOT / "examples" / "train_rlvr.py")
     steps, prompts, groups = 3, 2, 4
     summary = example.main(
         ["--run-dir", str(tmp_path), "--size", "tiny", "--sft-scale", "0.25", "--steps",

@@ -17,6 +17,7 @@ from gateway_fakes import FakeChatVLLM, GatewayProcess
 from dew.objectives.rl.sessions import SessionSource, Status, Task
 from dew.rollout import Gateway, GatewayNotReady, HarborSource, SandboxProxy
 from dew.rollout.harbor import status_of, task_directory
+from dew.testing import load_script
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("harbor_standin.py"))]
 GRADE = """#!/bin/sh
@@ -209,17 +210,13 @@ def test_status_of_harbor_results(result, status, reward, components):
 def test_the_train_harbor_example_trains(stack, pretrained, tmp_path):
     """examples/train_harbor.py end to end: stand-in trials through the real gateway, the
     scheduler packing their calls, two updates, and pushes reaching the engine."""
-    import importlib.util
-
     import jax
 
     from dew.rollout import SafetensorsReload
 
     engine, gateway, _ = stack
     path = Path(__file__).resolve().parents[3] / "examples" / "train_harbor.py"
-    spec = importlib.util.spec_from_file_location("train_harbor", path)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(path)
     checkpoint = tmp_path / "policy"
     writer = SafetensorsReload(pretrained, checkpoint, [engine.url])
     writer.write()

@@ -12,7 +12,6 @@ and before the scheduler test, which pushes its own weights first.
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 
 import jax
@@ -20,15 +19,14 @@ import ml_dtypes
 import numpy as np
 from rollout_engine import prompt_log_probs, score_chains
 
+from dew.testing import load_script
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 TOLERANCE = 2e-4  # as in test_rollout_vllm_engine.py
 
 
 def test_the_rlvr_example_on_real_vllm(vllm_engine, pretrained, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("train_rlvr", ROOT / "examples" / "train_rlvr.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(ROOT / "examples" / "train_rlvr.py")
     steps, prompts, groups = 3, 2, 4
     args = example.arguments(
         ["--run-dir", str(tmp_path), "--size", "tiny", "--sft-scale", "0.25", "--steps",

@@ -6,6 +6,8 @@
 - ``dew.testing.processes``: real multi-process JAX runs on CPU (``jax.distributed`` on
   127.0.0.1): ``ProcessGroup``/``run_processes`` start the ranks of a worker script and
   collect what they print; ``join_cpu`` is what each worker calls before using JAX.
+- ``load_script(path)``: an example script loaded as a module, so a test calls its
+  functions and sees what they return.
 - ``TerminalStream(tty)``: an in-memory stream whose ``isatty()`` says ``tty``, for what is
   drawn only on a terminal.
 
@@ -30,6 +32,7 @@ from dew.testing.processes import (
     process_arguments,
     run_processes,
 )
+from dew.testing.scripts import load_script
 from dew.testing.terminal import TerminalStream
 
 if TYPE_CHECKING:
@@ -64,6 +67,7 @@ __all__ = [
     "cpu_env",
     "free_port",
     "join_cpu",
+    "load_script",
     "process_arguments",
     "run_processes",
     "tiny_decoder",
