@@ -18,7 +18,10 @@ pinned to the same CPUs with the same thread count; a round's value is the best 
 ``--repeats`` calls. Printed: median and spread of each, ratios transformers / Dew of the
 times (above 1: Dew faster) with the per-round spread and the verdict against the goals
 (decode >= 2.5x at each batch, prefill >= 1.5x), and the programs compiled while generating
-for 100 prompts of random lengths. Record: tools/bench/results/generation.json.
+for 100 prompts of random lengths. The ``jnp.dot`` and torch matmul peaks (1024-square
+float32) run in the same rounds, as the time prefill's FLOPs would take at each: Dew's and
+transformers' shares of them, and the prefill ceiling (transformers' prefill time over the
+``jnp.dot`` peak time, the ratio a Dew prefill at the peak would reach) are printed. Record: tools/bench/results/generation.json.
 """
 
 from __future__ import annotations
@@ -84,8 +87,15 @@ def prefill(repeats):
 one = torch.randint(1, V, (1, prompt_len), generator=gen)
 def ttft(repeats):
     return best(lambda: generate(one, 1), repeats)
+def peak(reps):
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps): a @ b
+    return {"flops_per_s": 2 * n ** 3 * reps / (time.perf_counter() - t)}
 generate(one, 4)
-serve({"decode": decode, "prefill": prefill, "ttft": ttft},
+serve({"decode": decode, "prefill": prefill, "ttft": ttft, "peak": peak},
       {"params": params, "torch": torch.__version__, "threads": threads,
        "transformers": transformers.__version__})
 """
@@ -183,6 +193,23 @@ def main() -> None:
                 "s"
             ]
             contenders["dew ttft"] = lambda: best(first_token)
+            flops = prefill_flops(info["params"], cfg, 8, 512)
+            n, reps = 1024, 10
+            square = jnp.asarray(rng.standard_normal((n, n)), jnp.float32)
+            dot = jax.jit(lambda x, y: x @ y)
+            dot(square, square).block_until_ready()
+
+            def jax_peak() -> float:  # the time prefill's FLOPs take at the jnp.dot peak
+                start = time.perf_counter()
+                for _ in range(reps):
+                    r = dot(square, square)
+                r.block_until_ready()
+                return flops / (2 * n**3 * reps / (time.perf_counter() - start))
+
+            contenders["jnp.dot peak"] = jax_peak
+            contenders["torch matmul peak"] = lambda: (
+                flops / worker.ask(op="peak", reps=reps)["flops_per_s"]
+            )
             times = bench.rounds(contenders, args.rounds)
         finally:
             worker.close()
@@ -206,10 +233,32 @@ def main() -> None:
         for side in ("transformers", "dew"):
             bench.show(f"{side} {name}", times[f"{side} {name}"])
         bench.compare(name, times[f"transformers {name}"], times[f"dew {name}"], goal)
+    bench.say(
+        "prefill [8, 512] against the matmul peaks measured in the same rounds (a peak's"
+        " value: the time prefill's FLOPs take at it):"
+    )
+    for name in ("jnp.dot peak", "torch matmul peak"):
+        bench.show(name, times[name])
+    bench.compare("dew prefill share of same-round jnp.dot peak", times["jnp.dot peak"],
+                  times["dew prefill"])  # fmt: skip
+    bench.compare("transformers prefill share of same-round torch matmul peak",
+                  times["torch matmul peak"], times["transformers prefill"])  # fmt: skip
+    # The highest transformers / Dew prefill ratio a Dew running at the jnp.dot peak reaches:
+    # when it is below the goal, no Dew prefill on this machine can meet the goal.
+    bench.compare("prefill ceiling (transformers / jnp.dot peak time)",
+                  times["transformers prefill"], times["jnp.dot peak"], GOAL_PREFILL)  # fmt: skip
     for name, c in compiles.items():
         bench.say(f"{name}: 100 prompts of random length 1..256, 16 new tokens: {c['compiles']} "
                   f"programs compiled in {c['compile_s']:.1f} s (wall {c['wall_s']:.1f} s)")  # fmt: skip
     bench.finish({"args": vars(args), "reference": info, "compiles": compiles})
+
+
+def prefill_flops(params: int, cfg: dict, b: int, t: int) -> float:
+    """Forward FLOPs of a prefill of ``b`` rows of ``t`` tokens: 2 x params x tokens (the tied
+    head counted once, as its matmul) + causal attention (scores and values, half the square)."""
+    tokens = b * t
+    attention = 2 * cfg["num_hidden_layers"] * cfg["num_attention_heads"] * cfg["head_dim"]
+    return 2.0 * params * tokens + attention * t * tokens
 
 
 def compile_counts(model, variables, rng, vocab: int) -> dict:  # type: ignore[no-untyped-def]

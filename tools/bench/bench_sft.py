@@ -18,7 +18,9 @@ to the same CPUs with the same thread count. A round's value is the median of ``
 steps. Printed: median and spread per contender; ratios of medians (TRL / Dew and torch loop /
 Dew step time: above 1, Dew faster) with the per-round spread and a verdict; Dew's share of
 the same-round ``jnp.dot`` peak (model FLOPs = 6 x parameters x tokens + attention); the first
-step's time (compile + run). Record: tools/bench/results/sft.json.
+step's time (compile + run); the ceilings (TRL's and the torch loop's step time over the time
+the step's FLOPs take at the same-round ``jnp.dot`` peak: the ratio a Dew step at the peak
+would reach). Record: tools/bench/results/sft.json.
 """
 
 from __future__ import annotations
@@ -305,6 +307,12 @@ def main() -> None:
                   GOAL_PEAK)  # fmt: skip
     bench.compare("torch loop share of torch matmul peak", times["torch matmul peak"],
                   times["torch"])  # fmt: skip
+    # The highest ratios a Dew step running at the jnp.dot peak reaches: a ceiling below a
+    # goal means no Dew step on this machine meets that goal.
+    bench.compare("ceiling: TRL SFTTrainer / jnp.dot peak time", times["trl"],
+                  times["jnp.dot peak"], GOAL_TRL)  # fmt: skip
+    bench.compare("ceiling: torch loop / jnp.dot peak time", times["torch"],
+                  times["jnp.dot peak"], GOAL_TORCH)  # fmt: skip
     if args.base:
         bench.compare(f"{base_label} / dew (step time: this tree's speed-up)", times[base_label],
                       times["dew"])  # fmt: skip
