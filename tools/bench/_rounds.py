@@ -55,8 +55,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
 MIN_ROUNDS = 3
 SHARED = (
-    "shared machine: other engineers' jobs (niced) run alongside the bench rounds, so "
-    "absolute numbers carry their load; read the spreads and the same-round ratios"
+    "other jobs may share the machine (the load averages say how busy it was), so absolute "
+    "numbers carry that load; read the spreads and the same-round ratios"
 )
 FLAG_PREFIXES = ("avx", "amx", "fma", "f16c", "sse4")
 

@@ -21,7 +21,8 @@ times (above 1: Dew faster) with the per-round spread and the verdict against th
 for 100 prompts of random lengths. The ``jnp.dot`` and torch matmul peaks (1024-square
 float32) run in the same rounds, as the time prefill's FLOPs would take at each: Dew's and
 transformers' shares of them, and the prefill ceiling (transformers' prefill time over the
-``jnp.dot`` peak time, the ratio a Dew prefill at the peak would reach) are printed. Record: tools/bench/results/generation.json.
+``jnp.dot`` peak time, the ratio a Dew prefill at the peak would reach) are printed, and
+the same ceiling for each decode batch. Record: tools/bench/results/generation.json.
 """
 
 from __future__ import annotations
@@ -247,6 +248,15 @@ def main() -> None:
     # when it is below the goal, no Dew prefill on this machine can meet the goal.
     bench.compare("prefill ceiling (transformers / jnp.dot peak time)",
                   times["transformers prefill"], times["jnp.dot peak"], GOAL_PREFILL)  # fmt: skip
+    # The same bound for decode: the requests' FLOPs (prompt and new tokens through the model,
+    # attention over the growing cache) at the same round's jnp.dot peak. Skinny decode matmuls
+    # run far below a square matmul's peak, so this ceiling is generous.
+    whole = PROMPT_LEN + args.new_tokens
+    for b in batches:
+        scale = prefill_flops(info["params"], cfg, b, whole) / flops
+        at_peak = [value * scale for value in times["jnp.dot peak"]]
+        bench.compare(f"decode B={b} ceiling (transformers / jnp.dot peak time)",
+                      times[f"transformers decode B={b}"], at_peak, GOAL_DECODE)  # fmt: skip
     for name, c in compiles.items():
         bench.say(f"{name}: 100 prompts of random length 1..256, 16 new tokens: {c['compiles']} "
                   f"programs compiled in {c['compile_s']:.1f} s (wall {c['wall_s']:.1f} s)")  # fmt: skip
