@@ -14,7 +14,7 @@ under jit (the same pullback a trainer compiles), which also keeps the suite fas
 Tolerances: float64 1e-12 relative to the reference's scale (the math is the same, only the
 order of floating-point operations may differ); float32 a few ulps of the scale, and for the
 three outputs with a fixed bound in ``F32_BOUNDS`` (GRPO composite loss, PPO composite loss,
-GAE) at most those differences; bf16 a few bf16 ulps where dew computes in bf16 like verl, float32 bounds where
+GAE) at most those differences (or one ulp of the scale); bf16 a few bf16 ulps where dew computes in bf16 like verl, float32 bounds where
 dew upcasts (GAE, whitening).
 
 The largest difference per dew function goes to a report printed at the end of the module
@@ -46,7 +46,9 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "rl"
 F32_EPS = float(np.finfo(np.float32).eps)
 BF16_EPS = 2.0**-8
 # Fixed float32 bounds (absolute) on three outputs, the differences measured against verl
-# 0.9.1 when the port was first pinned; the port must not exceed them. By (case prefix, output).
+# 0.9.1 when the port was first pinned; the port must not exceed them, or one float32 ulp of
+# the output's scale where that is larger (a bound below one ulp held on the AVX-512 machine
+# it was measured on and not on an AVX2 one: 5.96e-8 on the PPO loss). By (case prefix, output).
 F32_BOUNDS = {
     ("composite_grpo", "loss"): 7.45e-08,
     ("composite_ppo", "loss"): 3.26e-08,
@@ -184,7 +186,9 @@ def tolerance(dtype: str, scale: float, case: str, kind: str, name: str, upcast:
         for (spec_case, spec_name), bound in F32_BOUNDS.items():
             # every gae variant (gamma/lambda, integer mask) is held to the GAE number
             if prefix.startswith(spec_case) and name == spec_name and kind == "value":
-                return bound
+                # never tighter than one ulp of the scale: XLA's summation order follows the
+                # CPU's vector width (AVX2 or AVX-512), which moves the last bit of a sum
+                return max(bound, F32_EPS * scale)
         return F32_ULPS.get(prefix, 8) * F32_EPS * scale
     return 4 * BF16_EPS * scale
 
