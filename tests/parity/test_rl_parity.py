@@ -327,6 +327,16 @@ def composite_grpo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     return {"loss": pg + side["options"]["kl_coef"] * kl, "pg_loss": pg, "kl_loss": kl}
 
 
+def fused_grpo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's GRPO actor loss through ``rl.policy_loss`` (the fused library path)."""
+    low, high, c = _clip(side)
+    loss, metrics = rl.policy_loss(
+        x["log_prob"], x["old_log_prob"], x["advantages"], x["response_mask"],
+        x["ref_log_prob"], low, high, c, side["options"]["kl_coef"],
+    )  # fmt: skip
+    return {"loss": loss, "pg_loss": metrics["pg_loss"], "kl_loss": metrics["kl_loss"]}
+
+
 def composite_ppo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     low, high, c = _clip(side)
     mask = x["response_mask"]
@@ -503,6 +513,7 @@ CASES: list[tuple[str, str, Adapter]] = [
         },
     ),
     ("composite_grpo", GRPO_COMPOSITE, composite_grpo),
+    ("composite_grpo", "policy_loss (fused GRPO loss)", fused_grpo),
     ("composite_ppo", PPO_COMPOSITE, composite_ppo),
 ]  # fmt: skip
 

@@ -4,8 +4,11 @@ The step: token log ratio, dual-clipped surrogate (eps 0.2 / 0.28, dual clip 3.0
 reference policy with coefficient 0.04, token-mean reduction; forward and backward to the
 policy log-probabilities, float32 [B, T] inputs. Implementations, on the same inputs:
 
-- ``dew.rl``: the composition of dew.rl functions, ``jax.jit(jax.value_and_grad(...))``;
-- ``dew+remat``: the same composition under ``jax.checkpoint``, so the backward pass
+- ``dew.rl``: the library path, ``rl.policy_loss`` (the surrogate and the KL with their
+  derivative written out in one elementwise pass), ``jax.jit(jax.value_and_grad(...))``;
+- ``compose``: the same loss as the composition of the per-term dew.rl functions
+  (``token_log_ratio``, ``clipped_surrogate``, ``k3_kl``, ``token_mean``);
+- ``dew+remat``: the composition under ``jax.checkpoint``, so the backward pass
   recomputes the exponentials from the inputs instead of reading stored copies;
 - ``fused``: the same loss and its derivative written by hand as two elementwise passes
   (see :func:`fused_value_and_grad`), to show what one jitted step can reach; it is not the
@@ -25,8 +28,12 @@ same round's copy bandwidth (a 256 MiB copy, read + write), and "floor fraction"
 floor over the step's time (goal >= 0.5 at [256, 2048]); the library path is compared with
 the hand-fused one (goal: within 10%). Record: tools/bench/results/rl.json.
 
+``--no-verl`` leaves the verl worker out (no reference venv needed): the jax contenders and
+the floor are timed alone, no verl ratio is printed, and the record goes to
+tools/bench/results/rl_no_verl.json.
+
 Usage: .venv/bin/python tools/bench/bench_rl.py [--rounds 5] [--repeats 20]
-       [--sizes 32x512,256x2048] [--threads N] [--cpus 0]
+       [--sizes 32x512,256x2048] [--threads N] [--cpus 0] [--no-verl]
 """
 
 from __future__ import annotations
@@ -68,6 +75,14 @@ def make_inputs(b: int, t: int, seed: int = 0) -> dict[str, np.ndarray]:
         "advantages": adv,
         "response_mask": mask,
     }
+
+
+def library_loss(lp: jax.Array, old: jax.Array, ref: jax.Array, adv: jax.Array, mask: jax.Array):
+    """The GRPO-style loss through the library's fused path, ``rl.policy_loss``."""
+    from dew import rl
+
+    loss, _ = rl.policy_loss(lp, old, adv, mask, ref, CLIP_LOW, CLIP_HIGH, CLIP_C, KL_COEF)
+    return loss
 
 
 def dew_loss(lp: jax.Array, old: jax.Array, ref: jax.Array, adv: jax.Array, mask: jax.Array):
@@ -150,25 +165,32 @@ def main() -> None:
     add_arguments(parser, rounds=5)
     parser.add_argument("--repeats", type=int, default=20, help="runs per round")
     parser.add_argument("--sizes", default="32x512,256x2048")
+    parser.add_argument("--no-verl", action="store_true", help="time the jax side only")
     args = parser.parse_args()
-    bench = Bench("rl", args.cpus, args.threads)
+    # A run without verl is recorded apart, so it never replaces the record with verl.
+    bench = Bench("rl_no_verl" if args.no_verl else "rl", args.cpus, args.threads)
     sizes = [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
 
     src = np.ones(64 * 2**20, dtype=np.float32)  # 256 MiB: far past any cache here
     dst = np.empty_like(src)
     np.copyto(dst, src)
     impls: dict[str, Callable] = {
-        "dew.rl": jax.jit(jax.value_and_grad(dew_loss)),
+        "dew.rl": jax.jit(jax.value_and_grad(library_loss)),
+        "compose": jax.jit(jax.value_and_grad(dew_loss)),
         "dew+remat": jax.jit(jax.value_and_grad(jax.checkpoint(dew_loss))),
         "fused": jax.jit(fused_value_and_grad),
     }
-    script = str(Path(__file__).with_name("verl_grpo_step.py"))
-    worker = Worker([reference_python(), script, str(bench.threads)])
+    worker = None
+    side = "no verl worker (--no-verl)"
+    if not args.no_verl:
+        script = str(Path(__file__).with_name("verl_grpo_step.py"))
+        worker = Worker([reference_python(), script, str(bench.threads)])
+        side = f"verl worker torch {worker.info['torch']} with {worker.info['threads']} threads"
     bench.say(
-        f"jax {jax.__version__} on {jax.devices()[0].platform}; verl worker torch "
-        f"{worker.info['torch']} with {worker.info['threads']} threads; {args.rounds} rounds x "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; {side}; {args.rounds} rounds x "
         f"{args.repeats} runs, interleaved; a round's value is the median of its runs"
     )
+    others = () if worker is None else ("verl",)
     checks_all = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -177,7 +199,7 @@ def main() -> None:
                 path = os.path.join(tmp, f"inputs_{b}x{t}.npz")
                 np.savez(path, **inputs, clip_low=CLIP_LOW, clip_high=CLIP_HIGH,
                          clip_c=CLIP_C, kl_coef=KL_COEF)  # fmt: skip
-                checks = {"verl": worker.ask(load=path)}
+                checks = {} if worker is None else {"verl": worker.ask(load=path)}
                 jargs = tuple(jax.device_put(inputs[k]) for k in ARG_ORDER)
                 for name, fn in impls.items():
                     loss, grad = jax.block_until_ready(fn(*jargs))  # compile and warm up
@@ -193,29 +215,35 @@ def main() -> None:
                     return moved / (2 * src.nbytes / statistics.median(copies))
 
                 def verl() -> dict[str, list[float]]:
+                    assert worker is not None
                     got = worker.ask(time=args.repeats)
                     return {"wall": got["times_s"], "cpu": got["cpu_s"]}
 
-                contenders: dict[str, Callable] = {"verl": verl, "floor": floor}
+                contenders: dict[str, Callable] = {"floor": floor}
+                if worker is not None:
+                    contenders["verl"] = verl
                 for name, fn in impls.items():
                     contenders[name] = lambda fn=fn, a=jargs: time_calls(fn, a, args.repeats)
                 times = bench.rounds(contenders, args.rounds, group=f"{b}x{t}", verbose=False)
                 bench.say(f"\n[{b}, {t}] float32, {b * t} tokens, {moved / 2**20:.1f} MiB to move")
                 bench.show("memory floor (copy bandwidth)", times["floor"], 1e6, " us", 0)
-                for name in ("verl", *impls):
+                for name in (*others, *impls):
                     bench.show(f"{name} wall", times[f"{name} wall"], 1e6, " us", 0)
                     bench.show(f"{name} cpu", times[f"{name} cpu"], 1e6, " us", 0)
                 for name in impls:
-                    bench.compare(
-                        f"verl / {name} (wall)", times["verl wall"], times[f"{name} wall"]
-                    )
-                    bench.compare(f"verl / {name} (cpu time)", times["verl cpu"],
-                                  times[f"{name} cpu"])  # fmt: skip
+                    if worker is not None:
+                        bench.compare(
+                            f"verl / {name} (wall)", times["verl wall"], times[f"{name} wall"]
+                        )
+                        bench.compare(f"verl / {name} (cpu time)", times["verl cpu"],
+                                      times[f"{name} cpu"])  # fmt: skip
                     goal = GOAL_FLOOR if (b, t) == (256, 2048) else None
                     bench.compare(f"{name} floor fraction (floor / time)", times["floor"],
                                   times[f"{name} wall"], goal)  # fmt: skip
                 bench.compare("library path vs hand-fused (fused / dew.rl time)",
                               times["fused wall"], times["dew.rl wall"], GOAL_FUSED)  # fmt: skip
+                bench.compare("composition vs hand-fused (fused / compose time)",
+                              times["fused wall"], times["compose wall"])  # fmt: skip
                 for name, check in checks.items():
                     bench.say(
                         f"  check {name:9s} loss {check['loss']:+.7f} "
@@ -223,7 +251,8 @@ def main() -> None:
                     )
                 checks_all[f"{b}x{t}"] = checks
     finally:
-        worker.close()
+        if worker is not None:
+            worker.close()
     bench.finish({"args": vars(args), "checks": checks_all})
 
 

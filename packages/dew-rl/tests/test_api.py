@@ -40,6 +40,7 @@ EXTRA_NAMES = {
     "token_rejection_mask",
     "sequence_rejection_mask",
     "ragged_group_advantage",
+    "policy_loss",
 }
 RNG = np.random.default_rng(1)
 
@@ -100,6 +101,7 @@ def _calls(dtype):
         "k3_kl": lambda: rl.k3_kl(a, b),
         "masked_mean": lambda: rl.masked_mean(a, m),
         "masked_whiten": lambda: rl.masked_whiten(a, m),
+        "policy_loss": lambda: rl.policy_loss(a, b, c, m, a - b, 0.2, 0.28, 3.0, 0.04),
         "preference_logsigmoid": lambda: rl.preference_logsigmoid(a, b, c, a, m, m, 0.1),
         "rloo_advantage": lambda: rl.rloo_advantage(r, 2),
         "ragged_group_advantage": lambda: rl.ragged_group_advantage(

@@ -105,6 +105,7 @@ LAYOUT = {
         "sequence_rejection_mask",
     },
     "dew.rl._preference": {"preference_logsigmoid"},
+    "dew.rl._policy_loss": {"policy_loss"},
 }
 
 

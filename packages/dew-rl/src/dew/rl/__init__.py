@@ -17,6 +17,9 @@ Signatures of the functions beyond the core GRPO/PPO/DPO set::
                             epsilon_high=0.2, dual_clip=3.0) -> ([B, T], metrics)
     cispo_terms(log_probs, old_log_probs, advantages, mask, epsilon_low=0.2,
                 epsilon_high=0.2) -> ([B, T], metrics)
+    policy_loss(log_probs, old_log_probs, advantages, mask, ref_log_probs=None,
+                epsilon_low=0.2, epsilon_high=0.2, dual_clip=3.0, kl_coef=0.0)
+                -> (scalar, metrics)                             # token-mean GRPO/PPO loss
     k1_kl(log_probs, ref_log_probs) -> [B, T]
     k2_kl(log_probs, ref_log_probs) -> [B, T]
     token_entropy(logits) -> logits.shape[:-1]
@@ -42,6 +45,8 @@ here; import them from ``dew.rl``, never from the modules::
     _cispo        cispo_terms
     _value_loss   clipped_value_loss_terms
     _kl           k1_kl, k2_kl, k3_kl
+    _policy_loss  policy_loss (the token-mean surrogate + k3 KL above, fused with its
+                  gradient: GRPO/PPO's actor loss at one pass over [B, T])
     _entropy      token_entropy
     _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
                   sequence_sum_norm, segment_mean
@@ -68,6 +73,7 @@ from dew.rl._entropy import token_entropy
 from dew.rl._gae import gae, masked_whiten
 from dew.rl._group import GROUP_EPS, group_advantage, ragged_group_advantage, rloo_advantage
 from dew.rl._kl import k1_kl, k2_kl, k3_kl
+from dew.rl._policy_loss import policy_loss
 from dew.rl._preference import preference_logsigmoid
 from dew.rl._ratios import sequence_log_ratio, token_log_ratio
 from dew.rl._reductions import (
@@ -95,6 +101,7 @@ __all__ = [
     "k3_kl",
     "masked_mean",
     "masked_whiten",
+    "policy_loss",
     "preference_logsigmoid",
     "ragged_group_advantage",
     "rloo_advantage",
