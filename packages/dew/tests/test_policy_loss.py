@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from dew.objectives.rl._fused_policy import fused_applies
 from dew.objectives.rl.policy_loss import (
     PolicyLossOptions,
     aggregate,
@@ -40,12 +43,26 @@ CASES = [
     {"policy_loss": "gspo", "aggregation": "session-mean"},
     {"policy_loss": "cispo", "behavior_importance": 2.0},
     {"behavior_importance": (0.5, 2.0), "sequence_mask": (0.2, 5.0), "beta": 0.1},
+    {"sequence_mask": (0.2, 5.0), "beta": 0.1, "dual_clip": None},
+    {"beta": 0.1, "behavior_importance": (0.5, 2.0)},  # bypass band: fused, keep shrinks
 ]
+#: compute_policy_loss runs steps 3-4 as dew.rl.policy_loss for these: float rounding apart.
+FUSED = {0, 4, 5}
 
 
-@pytest.mark.parametrize("options", CASES)
-def test_the_steps_in_order_are_the_loss(options: dict) -> None:
+def _same(got: Any, want: Any, fused: bool) -> None:
+    if fused:  # one sum times the count, and kl/reference without masked_mean's 1e-8
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
+    else:
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_the_steps_in_order_are_the_loss(case: int) -> None:
+    options, fused = CASES[case], case in FUSED
     log_probs, batch = _batch()
+    if case == 5:  # bypass mode: no old_log_probs
+        batch = {k: v for k, v in batch.items() if k != "old_log_probs"}
     ref = log_probs - 0.1
     whole = policy_loss_from_log_probs(log_probs, batch, ref_log_probs=ref, **options)
     opts = PolicyLossOptions(**options)
@@ -54,13 +71,43 @@ def test_the_steps_in_order_are_the_loss(options: dict) -> None:
     keep, weights, metrics = correct(inputs, opts)
     terms, per_token, more = surrogate(log_probs, inputs, keep, weights, opts, ref)
     loss_sum, weight, last = aggregate(terms, per_token, keep, batch, opts, log_probs.dtype)
-    for result in (composed, (loss_sum, weight, {**metrics, **more, **last})):
-        np.testing.assert_array_equal(np.asarray(result[0]), np.asarray(whole[0]))
-        np.testing.assert_array_equal(np.asarray(result[1]), np.asarray(whole[1]))
+    assert opts.policy_loss != "ppo" or fused_applies(opts, weights) == fused
+    for result, close in (
+        (composed, False),
+        ((loss_sum, weight, {**metrics, **more, **last}), fused),
+    ):
+        _same(result[0], whole[0], close)
+        _same(result[1], whole[1], close)
         assert sorted(result[2]) == sorted(whole[2])
         for name in whole[2]:
-            np.testing.assert_array_equal(np.asarray(result[2][name]), np.asarray(whole[2][name]))
+            _same(result[2][name], whole[2][name], close)
     assert np.isfinite(float(whole[0]))
+
+    def by_steps(lp: jax.Array) -> jax.Array:
+        inputs = read_inputs(lp, batch, opts)
+        keep, weights, _ = correct(inputs, opts)
+        terms, per_token, _ = surrogate(lp, inputs, keep, weights, opts, ref)
+        return aggregate(terms, per_token, keep, batch, opts, lp.dtype)[0]
+
+    grad = jax.jit(jax.grad(lambda lp: compute_policy_loss(lp, batch, opts, ref)[0]))(log_probs)
+    want = jax.jit(jax.grad(by_steps))(log_probs)
+    assert float(jnp.max(jnp.abs(want))) > 0
+    _same(grad, want, fused)
+
+
+def test_fused_path_with_nothing_kept_gives_zero_loss_and_gradient() -> None:
+    log_probs, batch = _batch()
+    batch = {**batch, "response_mask": jnp.zeros_like(batch["response_mask"])}
+    opts = PolicyLossOptions(beta=0.1)
+    ref = log_probs - 0.1
+
+    def loss(lp: jax.Array) -> jax.Array:
+        return compute_policy_loss(lp, batch, opts, ref)[0]
+
+    value, grad = jax.jit(jax.value_and_grad(loss))(log_probs)
+    metrics = compute_policy_loss(log_probs, batch, opts, ref)[2]
+    assert float(value) == 0.0 and float(jnp.max(jnp.abs(grad))) == 0.0
+    assert float(metrics["policy/loss"]) == 0.0 and float(metrics["kl/reference"]) == 0.0
 
 
 def test_options_are_normalised_once_and_frozen() -> None:

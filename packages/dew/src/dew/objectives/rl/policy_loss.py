@@ -11,6 +11,10 @@ batch (``[B, W]`` columns as ``dew.objectives.rollouts.pack`` writes them):
    k3 KL to the reference when ``beta > 0``.
 4. ``aggregate``: ``"token-mean"`` or ``"session-mean"`` into ``(loss_sum, weight)``.
 
+For ``"ppo"`` with ``"token-mean"`` and no token weights, steps 3 and 4 are one call of
+``dew.rl.policy_loss`` (``_fused_policy``): the same loss, metrics and gradient to float
+rounding, from one elementwise pass that also yields the gradient.
+
 ``PolicyLossOptions`` (``dew.objectives.rl.policy_options``) holds the static options and
 checks them once, when it is built (``GRPOObjective`` builds it in its constructor); the steps only branch on those options and
 on which fields the batch holds, so everything stays jit-safe.
@@ -44,6 +48,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from dew.objectives.rl._fused_policy import fused_applies, fused_token_mean
 from dew.objectives.rl.policy_options import (
     AGGREGATIONS,
     POLICY_LOSSES,
@@ -262,6 +267,11 @@ def compute_policy_loss(
     """``(loss_sum, weight, metrics)`` of the policy loss; the four steps in order."""
     inputs = read_inputs(log_probs, batch, options)
     keep, weights, metrics = correct(inputs, options)
+    if fused_applies(options, weights):  # steps 3-4 in one pass: dew.rl.policy_loss
+        loss_sum, weight, fused = fused_token_mean(
+            log_probs, inputs.old, inputs.advantages, keep, options, ref_log_probs
+        )
+        return loss_sum, weight, jax.lax.stop_gradient({**metrics, **fused})
     terms, per_token, surrogate_metrics = surrogate(
         log_probs, inputs, keep, weights, options, ref_log_probs
     )
