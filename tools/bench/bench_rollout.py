@@ -4,7 +4,8 @@ cost of a SafetensorsReload push.
 Run from the repository root with the workspace interpreter, after building the engine's
 virtualenv with tools/vllm_engine.sh:
 
-    DEW_VLLM_ENV=tools/.envs/vllm .venv/bin/python tools/bench/bench_rollout.py [--rounds 3]
+    DEW_VLLM_ENV=tools/.envs/vllm .venv/bin/python tools/bench/bench_rollout.py --cpus 0 --threads 1
+        [--rounds 3] [--skip-push]
 
 Part 1, throughput. The tiny untied Qwen3 of dew-rollout's tests (2 layers, width 128,
 head_dim 64, vocab 384) is written once with `SafetensorsReload.write` (bfloat16); vLLM
@@ -21,8 +22,10 @@ Part 2, publication. A ~100M-parameter Qwen3 tree is pushed with `SafetensorsRel
 version / resume on a real engine serving that checkpoint) and, in the same rounds, the
 same tensors are written with `safetensors.numpy.save_file` alone.
 
-The rounds come from tools/bench/_rounds.py (order rotating, both sides pinned to the same
-CPUs). The machine is shared (on the project's 2-core machine, by several agents at once),
+The rounds come from tools/bench/_rounds.py (order rotating); the engine is started under
+`taskset` on the CPUs the bench is pinned to, so both sides run on the same CPUs. Use one CPU
+(`--cpus 0 --threads 1`): on two, vLLM's OpenMP pool and its polling engine core starve each
+other. The machine is shared (on the project's 2-core machine, by several agents at once),
 so every number comes with its spread (min-max over rounds) and the machine record is
 written to tools/bench/results/rollout.json: CPU model, flags, core count, load average
 before and after. A ratio whose per-round spread crosses the goal is reported "not shown".
@@ -75,6 +78,16 @@ BIG = dict(TINY, vocab_size=32000, emb_features=640, num_layers=10, num_heads=10
            num_kv_heads=5, mlp_features=2560, max_seq_len=1024)  # fmt: skip
 
 
+def bench_cpus() -> list[int]:
+    """The CPUs the bench process is pinned to (``--cpus``), for the engine's ``taskset``.
+
+    vLLM's CPU worker sizes its OpenMP pool from the CPUs it sees, and its engine core polls
+    the worker on one of them: unpinned on two cores the pool's threads kept waiting on
+    each other and one 64-token draw took 11 s (about 1.7 ms a token pinned to one CPU).
+    Pinning the engine to the same CPUs as the native side keeps the comparison even."""
+    return sorted(os.sched_getaffinity(0))
+
+
 def run_level(server, prompts: list[list[int]], concurrency: int) -> tuple[float, int]:
     """Submit every prompt with at most `concurrency` in flight; (seconds, new tokens)."""
     gate = threading.Semaphore(concurrency)
@@ -94,7 +107,7 @@ def throughput(bench: Bench, rounds: int, python: Path, work: Path) -> None:
     directory = work / "tiny"
     SafetensorsReload(policy, directory, ["http://127.0.0.1:1"]).write()
     served = load_pretrained(directory)
-    engine = VLLMEngine(python, directory, work / "vllm-tiny.log")
+    engine = VLLMEngine(python, directory, work / "vllm-tiny.log", cpus=bench_cpus())
     client = httpx.Client(base_url=engine.url, timeout=600)
     remote = OpenAIRolloutServer(
         OpenAICompletion(SERVED_NAME, client), Sampling(), processed_logprobs=True, concurrency=64
@@ -147,7 +160,7 @@ def publication(bench: Bench, rounds: int, python: Path | None, work: Path) -> N
     reload.write()
     engine = None
     if python is not None:
-        engine = VLLMEngine(python, directory, work / "vllm-big.log")
+        engine = VLLMEngine(python, directory, work / "vllm-big.log", cpus=bench_cpus())
         reload = SafetensorsReload(policy, directory, [engine.url], timeout=600)
     variants = [policy.variables, tiny_variant(policy.variables)]
     version = iter(range(1, 10**6))
