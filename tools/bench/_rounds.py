@@ -440,8 +440,31 @@ def add_arguments(parser: Any, rounds: int = 5) -> None:
                         "0: one per pinned CPU")  # fmt: skip
 
 
+def jnp_dot_peak(flops: float, reps: int = 10) -> Callable[[], float]:
+    """A contender giving the seconds ``flops`` take at ``jnp.dot``'s float32 rate, measured
+    each call over ``reps`` 1024-square products (compiled once here). The reference workers'
+    side is ``torch_matmul_peak`` in ``WORKER_LOOP``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    n = 1024
+    square = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    dot = jax.jit(lambda x, y: x @ y)
+    dot(square, square).block_until_ready()
+
+    def at_peak() -> float:
+        start = time.perf_counter()
+        for _ in range(reps):
+            product = dot(square, square)
+        product.block_until_ready()
+        return flops / (2 * n**3 * reps / (time.perf_counter() - start))
+
+    return at_peak
+
+
 WORKER_LOOP = r"""
-import json, os, sys, traceback
+import json, os, sys, time, traceback
 def serve(handlers, info):
     '''JSON-lines loop of a reference worker: {"op": name, ...} -> handlers[name](**rest).'''
     print(json.dumps(info), flush=True)
@@ -455,6 +478,14 @@ def serve(handlers, info):
         except Exception:
             reply = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps(reply), flush=True)
+def torch_matmul_peak(torch, reps):
+    '''torch's float32 matmul rate, FLOP/s, over a 1024-square product (as jnp_dot_peak).'''
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    t = time.perf_counter()
+    for _ in range(reps): a @ b
+    return {"flops_per_s": 2 * n ** 3 * reps / (time.perf_counter() - t)}
 def torch_threads(torch):
     n = int(os.environ.get("DEW_BENCH_THREADS", "0"))
     if n > 0:

@@ -40,6 +40,7 @@ from _rounds import (  # noqa: E402
     Bench,
     Worker,
     add_arguments,
+    jnp_dot_peak,
     reference_python,
 )
 from _shapes import SHAPES, add_model_arguments  # noqa: E402
@@ -88,15 +89,9 @@ def prefill(repeats):
 one = torch.randint(1, V, (1, prompt_len), generator=gen)
 def ttft(repeats):
     return best(lambda: generate(one, 1), repeats)
-def peak(reps):
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    t = time.perf_counter()
-    for _ in range(reps): a @ b
-    return {"flops_per_s": 2 * n ** 3 * reps / (time.perf_counter() - t)}
 generate(one, 4)
-serve({"decode": decode, "prefill": prefill, "ttft": ttft, "peak": peak},
+serve({"decode": decode, "prefill": prefill, "ttft": ttft,
+       "peak": lambda reps: torch_matmul_peak(torch, reps)},
       {"params": params, "torch": torch.__version__, "threads": threads,
        "transformers": transformers.__version__})
 """
@@ -195,21 +190,9 @@ def main() -> None:
             ]
             contenders["dew ttft"] = lambda: best(first_token)
             flops = prefill_flops(info["params"], cfg, 8, 512)
-            n, reps = 1024, 10
-            square = jnp.asarray(rng.standard_normal((n, n)), jnp.float32)
-            dot = jax.jit(lambda x, y: x @ y)
-            dot(square, square).block_until_ready()
-
-            def jax_peak() -> float:  # the time prefill's FLOPs take at the jnp.dot peak
-                start = time.perf_counter()
-                for _ in range(reps):
-                    r = dot(square, square)
-                r.block_until_ready()
-                return flops / (2 * n**3 * reps / (time.perf_counter() - start))
-
-            contenders["jnp.dot peak"] = jax_peak
+            contenders["jnp.dot peak"] = jnp_dot_peak(flops)
             contenders["torch matmul peak"] = lambda: (
-                flops / worker.ask(op="peak", reps=reps)["flops_per_s"]
+                flops / worker.ask(op="peak", reps=10)["flops_per_s"]
             )
             times = bench.rounds(contenders, args.rounds)
         finally:

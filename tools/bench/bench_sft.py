@@ -38,6 +38,7 @@ from _rounds import (  # noqa: E402
     Bench,
     Worker,
     add_arguments,
+    jnp_dot_peak,
     reference_python,
     revision_env,
     revision_name,
@@ -65,14 +66,6 @@ params = sum(p.numel() for p in model.parameters())
 torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 gen = torch.Generator().manual_seed(1)
 rows = torch.randint(1, cfg["vocab_size"], (B * 16, T), generator=gen)
-
-def peak(reps):
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    t = time.perf_counter()
-    for _ in range(reps): a @ b
-    return {"flops_per_s": 2 * n ** 3 * reps / (time.perf_counter() - t)}
 
 m = Qwen3ForCausalLM(config).to(torch_dtype); m.load_state_dict(model.state_dict()); m.train()
 opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
@@ -119,7 +112,7 @@ def trl_steps(steps):
     return {"step_s": [b - a for a, b in zip(stamps[:-1], stamps[1:])]}
 torch_steps(2)
 import transformers
-serve({"torch": torch_steps, "trl": trl_steps, "peak": peak},
+serve({"torch": torch_steps, "trl": trl_steps, "peak": lambda reps: torch_matmul_peak(torch, reps)},
       {"params": params, "torch": torch.__version__, "threads": threads, "trl": trl.__version__,
        "transformers": transformers.__version__})
 """
@@ -235,8 +228,6 @@ def main() -> None:
     bench = Bench("sft", args.cpus, args.threads)  # before jax starts: pins and thread flags
 
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     cfg, b, t = SHAPES[args.shape], args.batch, args.seq
     tok = str(ROOT / "tests" / "fixtures" / "chat" / "tokenizer")
@@ -253,22 +244,10 @@ def main() -> None:
                 base = Worker([sys.executable, str(Path(__file__).resolve()), "--serve-dew",
                                directory, *dew_flags(args)], env=env)  # fmt: skip
                 info["base"] = base.info
-            n = 1024
-            a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-            dot = jax.jit(lambda x, y: x @ y)
-            dot(a, a).block_until_ready()
             flops = model_flops(info["params"], cfg, b, t)
-            reps = 10
-
-            def jax_peak() -> float:  # as the time the model's FLOPs take at the peak
-                start = time.perf_counter()
-                for _ in range(reps):
-                    r = dot(a, a)
-                r.block_until_ready()
-                return flops / (2 * n**3 * reps / (time.perf_counter() - start))
 
             def torch_peak() -> float:
-                return flops / worker.ask(op="peak", reps=reps)["flops_per_s"]
+                return flops / worker.ask(op="peak", reps=10)["flops_per_s"]
 
             contenders = {
                 "trl": lambda: worker.ask(op="trl", steps=args.steps)["step_s"],
@@ -279,7 +258,7 @@ def main() -> None:
                     if base is None
                     else {base_label: lambda: base.ask(op="steps", name="dew")["step_s"]}
                 ),  # fmt: skip
-                "jnp.dot peak": jax_peak,
+                "jnp.dot peak": jnp_dot_peak(flops),
                 "torch matmul peak": torch_peak,
             }
             for fn in contenders.values():  # one untimed pass: warm caches and allocators
