@@ -13,6 +13,7 @@ import pytest
 from dew.inference import Completion
 from dew.inference._served_weights import served_variables
 from dew.inference.requests import Request
+from dew.inference.server import _key_data_for
 from dew.models import load_pretrained
 from dew.models.serving import fuse
 
@@ -75,3 +76,16 @@ def test_served_variables_errors_name_the_field(pretrained) -> None:
         served_variables({"weights": {}}, jnp.float32, config)
     with pytest.raises(ValueError, match="variables: not a tree of this model's parameters"):
         served_variables({"params": {"other": jnp.zeros(3)}}, jnp.float32, config)
+
+
+@pytest.mark.parametrize(
+    ("seed", "request_id", "fold"),
+    [(0, 5, True), (123, 0, False), (2**31 - 1, 9, True), (2**40 + 3, 7, True), (-5, 2, True)],
+)
+def test_request_key_data_is_the_seed_folded_with_the_request_id(seed, request_id, fold) -> None:
+    # The compiled fast path (int32 seeds) and the general one give what jax.random gives.
+    base = jax.random.key(seed)
+    want = jax.random.key_data(jax.random.fold_in(base, request_id) if fold else base)
+    got = _key_data_for(seed, request_id, fold)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, np.asarray(want))

@@ -53,6 +53,24 @@ from dew.sampling import Sampling
 _LOG = logging.getLogger(__name__)
 
 
+@jax.jit
+def _request_key_data(seed: jax.Array, request_id: jax.Array, fold: jax.Array) -> jax.Array:
+    """Raw key data of ``key(seed)``, folded with ``request_id`` when ``fold`` is set: one
+    compiled call per request instead of a few dispatched operations."""
+    base = jax.random.key(seed)
+    return jax.random.key_data(jnp.where(fold, jax.random.fold_in(base, request_id), base))
+
+
+def _key_data_for(seed: int, request_id: int, fold: bool) -> np.ndarray:
+    """uint32 key data of a request drawing from ``seed`` (folded with its id when ``fold``)."""
+    if 0 <= seed < 2**31 and 0 <= request_id < 2**31:
+        return np.asarray(_request_key_data(seed, request_id, fold), np.uint32)
+    base = jax.random.key(seed)  # a seed outside int32 takes the general path
+    return np.asarray(
+        jax.random.key_data(jax.random.fold_in(base, request_id) if fold else base), np.uint32
+    )
+
+
 class Server(CompileStats):
     """Continuous-batching generation over `slots` cache rows of `capacity` positions.
 
@@ -183,10 +201,9 @@ class Server(CompileStats):
             if key is not None:
                 key_data = np.asarray(jax.random.key_data(as_key(key)), np.uint32)
             else:
-                base = jax.random.key(self._seed if seed is None else seed)
-                if seed is None:
-                    base = jax.random.fold_in(base, request_id)
-                key_data = np.asarray(jax.random.key_data(base), np.uint32)
+                key_data = _key_data_for(
+                    self._seed if seed is None else seed, request_id, seed is None
+                )
             self._waiting.append(
                 Request(request_id, prompt, int(max_new_tokens), key_data, self.version, callback)
             )
