@@ -1,9 +1,13 @@
 """One GRPO step of Dew split into generation, rescoring and update, with the update's memory.
 
 A small decoder (``--vocab``, ``--width``, ``--layers``) trains with ``GRPOObjective`` and
-``SampledRollout(rescore=True)`` through ``Trainer.fit``. The rollout records how long
-sampling, reward scoring, packing and rescoring (a full forward pass over the packed rows)
-took; the update is the rest of each step's wall time. Steps after the first (which
+``SampledRollout`` through ``Trainer.fit``. The rollout records how long sampling, reward
+scoring, packing and (with ``--rescore``) rescoring took; the update is the rest of each
+step's wall time. By default the old log-probabilities are the ones the sampler recorded
+(``SampledRollout``'s default), which is the work TRL does with one optimizer step per
+generation batch (its ``old_per_token_logps`` is then the policy's own detached
+log-probabilities, no extra forward); ``--rescore`` adds Dew's full forward pass over the
+packed rows that recomputes them. Steps after the first (which
 compiles) are averaged. The update's memory is XLA's own accounting of the compiled
 loss-and-gradient program for the step's batch (arguments, outputs and temporaries), since
 the CPU backend reports no live peak.
@@ -13,7 +17,11 @@ venv (``tools/bench/trl_grpo_step.py``, a worker that stays up: same Qwen3 dimen
 group size, budget, beta, top-k), as a contender in the same interleaved rounds
 (tools/bench/_rounds.py), pinned to the same CPUs with the same thread count; a round's value
 is the median of its ``--steps`` steps. Printed: median and spread of each phase and of both
-steps, the ratio TRL / Dew step time with the per-round spread and the verdict (goal >= 3x).
+steps, the ratio TRL / Dew step time with the per-round spread and the verdict (goal >= 3x),
+and the ceiling: TRL's step time over the time the Dew step's matmul FLOPs take at the
+``jnp.dot`` peak measured in the same rounds (the ratio a Dew step running at that peak would
+reach; generation 2 x parameters x ids, the update 6 x for the policy and 2 x for the
+reference, rescoring 2 x, attention left out).
 TRL's memory is the process's peak resident set (both models, generation included), a coarser
 number than XLA's program accounting. Record: tools/bench/results/grpo_step.json.
 
@@ -31,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import Bench, Worker, add_arguments, reference_python  # noqa: E402
+from _rounds import Bench, Worker, add_arguments, jnp_dot_peak, reference_python  # noqa: E402
 
 GOAL = 3.0
 PHASES = ("generation", "reward + pack", "rescoring", "update")
@@ -54,6 +62,8 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2, help="steps per contender a round")
     parser.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer step")
+    parser.add_argument("--rescore", action="store_true",
+                        help="recompute old log-probs with a forward pass (TRL does not)")  # fmt: skip
     args = parser.parse_args()
     bench = Bench("grpo_step", args.cpus, args.threads)
 
@@ -85,7 +95,7 @@ def main() -> None:
     )  # fmt: skip
     objective = GRPOObjective(model, seq_len=p + r - 1, beta=0.04)
     rollout = SampledRollout(objective, reward, groups=args.groups, max_new_tokens=r,
-                             sampling=Sampling(temperature=1.0, top_k=50), rescore=True)  # fmt: skip
+                             sampling=Sampling(temperature=1.0, top_k=50), rescore=args.rescore)  # fmt: skip
     marks: list[tuple[float, float, dict[str, float]]] = []
 
     def timed(variables, local, key):
@@ -120,6 +130,11 @@ def main() -> None:
     dew_steps(1)  # compiles
     first_step = time.perf_counter() - start
     contenders: dict = {"dew": lambda: dew_steps(args.steps)}
+    params = sum(int(np.size(x)) for x in jax.tree.leaves(state[0].params["params"]))
+    rows = b * args.groups
+    forwards = 2 + 6 + 2 + (2 if args.rescore else 0)  # sampling, update, reference, rescoring
+    step_flops = forwards * params * rows * (p + r)
+    contenders["jnp.dot peak"] = jnp_dot_peak(step_flops)
     worker = None
     if args.trl:
         flags = []
@@ -177,6 +192,9 @@ def main() -> None:
         bench.show(f"TRL 1.16 GRPOTrainer step ({worker.info['threads']} threads)", times["trl"])
         bench.say(f"  TRL peak RSS {max(rss):.0f} MiB (both models, generation included)")
         bench.compare("TRL / dew step time", times["trl"], times["dew step"], GOAL)
+        bench.say(f"  dew step matmul FLOPs {step_flops / 1e9:.2f} G ({params} parameters)")
+        bench.compare("ceiling: TRL / dew step at the jnp.dot peak", times["trl"],
+                      times["jnp.dot peak"], GOAL)  # fmt: skip
         extra["trl"] = worker.info
     bench.finish(extra)
 
