@@ -67,45 +67,11 @@ def target_log_probs(
     ``t + 1`` there and column 0 never matches.
     """
     logits = logits.astype(jnp.float32)
-    targets = targets.astype(jnp.int32)
-    if support_ids is None or support_columns is None:
-        return _full_log_probs(logits, targets)
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
     full = jax.nn.logsumexp(logits, axis=-1)
+    if support_ids is None or support_columns is None:
+        return picked - full
     return picked - _support_logsumexp(logits, support_ids, support_columns, full)
-
-
-@jax.custom_vjp
-def _full_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """``logits[target] - logsumexp(logits)`` over the last axis, float32 ``[..., V]`` -> ``[...]``.
-
-    Its gradient ``g * (onehot(target) - softmax(logits))`` is one elementwise pass over the
-    logits: the generic rule would scatter the picked column into a zero ``[..., V]`` array and
-    add the softmax term to it, and a scatter's output cannot take whatever layout the
-    following matmul wants, so XLA adds a transposed copy of the whole array after it.
-    """
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
-
-
-def _full_log_probs_fwd(
-    logits: jax.Array, targets: jax.Array
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return picked - lse, (logits, targets, lse)
-
-
-def _full_log_probs_bwd(
-    saved: tuple[jax.Array, jax.Array, jax.Array], g: jax.Array
-) -> tuple[jax.Array, None]:
-    logits, targets, lse = saved
-    vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    onehot = (vocab == targets[..., None]).astype(logits.dtype)
-    return g[..., None] * (onehot - jnp.exp(logits - lse[..., None])), None
-
-
-_full_log_probs.defvjp(_full_log_probs_fwd, _full_log_probs_bwd)
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
