@@ -30,6 +30,25 @@ def test_target_log_probs_match_a_numpy_log_softmax() -> None:
     np.testing.assert_array_equal(np.asarray(correct), logits.argmax(-1) == targets)
 
 
+def test_target_log_probs_gradient_is_onehot_minus_softmax() -> None:
+    # The written-out backward pass against the float64 formula: g * (onehot - softmax).
+    rng = np.random.default_rng(3)
+    logits = (3 * rng.standard_normal((2, 5, 7))).astype(np.float32)
+    targets = rng.integers(0, 7, (2, 5))
+    weights = rng.standard_normal((2, 5)).astype(np.float32)
+
+    def weighted(x: jax.Array) -> jax.Array:
+        return jnp.sum(jnp.asarray(weights) * scoring.target_log_probs(x, jnp.asarray(targets)))
+
+    grad = np.asarray(jax.jit(jax.grad(weighted))(jnp.asarray(logits)))
+    probs = np.exp(_log_softmax(logits.astype(np.float64)))
+    onehot = np.eye(7)[targets]
+    np.testing.assert_allclose(grad, weights[..., None] * (onehot - probs), rtol=1e-5, atol=1e-6)
+    # bfloat16 logits are scored (and differentiated) in float32
+    low = jax.grad(weighted)(jnp.asarray(logits, jnp.bfloat16))
+    assert low.dtype == jnp.bfloat16 and bool(jnp.all(jnp.isfinite(low)))
+
+
 def test_target_log_probs_renormalise_over_a_support() -> None:
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((1, 3, 6)).astype(np.float32)
