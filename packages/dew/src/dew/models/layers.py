@@ -5,15 +5,12 @@ normalises in float32 and casts back before the scale; attention scores are
 scaled by `head_dim ** -0.5` and soft-maxed in float32. Parameters are float32;
 activations use the config's compute dtype.
 
-Attention runs in three modes:
+Attention runs in two modes:
 
 * `__call__` over a whole sequence `[B, T]` with a boolean mask `[B, T, T]`
   (causal, inside one segment), returning the rotated keys and values so that a
   prefill can store them in a cache; queries go in chunks of `QUERY_CHUNK`
   positions, each against only the keys at or before its end;
-* `last_query`, the same over a whole sequence but with one query per row (at a
-  given position), which a prefill's last layer uses: the cache needs every
-  position's keys and values, the next-token prediction only the last position;
 * `decode` for one new token per row against a key/value cache
   `[B, KVH, S, Dh]`, writing the new key/value at each row's own slot and
   leaving rows that are not `active` untouched.
