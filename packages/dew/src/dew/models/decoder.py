@@ -118,15 +118,8 @@ class CausalTransformer(nn.Module):
         return logits
 
     def _forward(
-        self,
-        input_ids: jax.Array,
-        segment_ids: jax.Array | None,
-        positions: jax.Array | None,
-        last: jax.Array | None = None,
+        self, input_ids: jax.Array, segment_ids: jax.Array | None, positions: jax.Array | None
     ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
-        """Normed hidden states `[B, T, D]` and each layer's keys and values. With `last`
-        (int `[B]`), the hidden state `[B, 1, D]` at position `last[b]` only: the last layer
-        then runs its attention output and MLP for that one position per row."""
         _check_ids("input_ids", input_ids, 2)
         b, t = input_ids.shape
         if t > self.config.max_seq_len:
@@ -150,11 +143,8 @@ class CausalTransformer(nn.Module):
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
         kvs = []
-        for i, layer in enumerate(self.layers):
-            if last is not None and i == len(self.layers) - 1:
-                x, kv = layer.last_position(x, cos, sin, mask, last)
-            else:
-                x, kv = layer(x, cos, sin, mask)
+        for layer in self.layers:
+            x, kv = layer(x, cos, sin, mask)
             kvs.append(kv)
         return self.norm(x), kvs
 
@@ -213,12 +203,9 @@ class CausalTransformer(nn.Module):
         source = jnp.minimum(idx + (p - lengths)[:, None], p - 1)
         packed_ids = jnp.take_along_axis(input_ids, source, axis=1)
         real = idx < lengths[:, None]
-        # Only the last real token's prediction is needed: the last layer computes its
-        # output (attention and MLP) at that position alone, and every layer's cache entries.
-        hidden, kvs = self._forward(
-            packed_ids, real.astype(jnp.int32), jnp.where(real, idx, 0), jnp.maximum(lengths - 1, 0)
-        )
-        logits = self.logits_from_hidden(hidden[:, 0])
+        hidden, kvs = self._forward(packed_ids, real.astype(jnp.int32), jnp.where(real, idx, 0))
+        last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
+        logits = self.logits_from_hidden(last[:, 0])
         keep = real[:, :, None, None]
         dtype = self.config.compute_dtype
         keys: list[jax.Array] = []

@@ -76,32 +76,19 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
             self.k_norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
 
-    def _queries(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-        """Rotated queries `[B, T, H, Dh]` of `x` `[B, T, D]`."""
-        cfg = self.config
-        b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.width_per_head)
-        if cfg.qk_norm:
-            q = self.q_norm(q)
-        return apply_rotary(q, cos, sin)
-
-    def _keys_values(
-        self, x: jax.Array, cos: jax.Array, sin: jax.Array
-    ) -> tuple[jax.Array, jax.Array]:
-        """Rotated keys and values `[B, T, KVH, Dh]` of `x` `[B, T, D]`."""
-        cfg = self.config
-        b, t, _ = x.shape
-        dh = cfg.width_per_head
-        k = self.k_proj(x).reshape(b, t, cfg.kv_heads, dh)
-        v = self.v_proj(x).reshape(b, t, cfg.kv_heads, dh)
-        if cfg.qk_norm:
-            k = self.k_norm(k)
-        return apply_rotary(k, cos, sin), v
-
     def _project(
         self, x: jax.Array, cos: jax.Array, sin: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return self._queries(x, cos, sin), *self._keys_values(x, cos, sin)
+        cfg = self.config
+        b, t, _ = x.shape
+        dh = cfg.width_per_head
+        q = self.q_proj(x).reshape(b, t, cfg.num_heads, dh)
+        k = self.k_proj(x).reshape(b, t, cfg.kv_heads, dh)
+        v = self.v_proj(x).reshape(b, t, cfg.kv_heads, dh)
+        if cfg.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def _output(self, probs: jax.Array, v: jax.Array, b: int, t: int) -> jax.Array:
         # probs [B, KVH, G, T, S], v [B, KVH, S, Dh] -> [B, T, H*Dh]
@@ -138,27 +125,6 @@ class Attention(nn.Module):
             outputs.append(self._output(probs, values[:, :, :end], b, end - start))
         out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
         return out, (k, v)
-
-    def last_query(
-        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, index: jax.Array
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Like `__call__`, but the output only at position `index[b]` of each row.
-
-        x `[B, T, D]`, tables `[B, T, Dh]`, mask `[B, T, T]`, index int `[B]`. Returns the
-        output `[B, 1, D]` and the rotated keys and values of every position
-        `[B, T, KVH, Dh]`, which is what a prefill's last layer needs: its cache entries
-        for the whole prompt, and a next-token prediction from one position.
-        """
-        b = x.shape[0]
-        rows = jnp.arange(b)
-        q = self._queries(
-            x[rows, index][:, None], cos[rows, index][:, None], sin[rows, index][:, None]
-        )
-        k, v = self._keys_values(x, cos, sin)
-        scores = self._scores(q, k.transpose(0, 2, 1, 3))
-        block = mask[rows, index][:, None, None, None, :]
-        probs = jax.nn.softmax(jnp.where(block, scores, NEG_INF), axis=-1)
-        return self._output(probs, v.transpose(0, 2, 1, 3), b, 1), (k, v)
 
     def decode(
         self,
@@ -242,15 +208,6 @@ class DecoderLayer(nn.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask)
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x)), kv
-
-    def last_position(
-        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array, index: jax.Array
-    ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """The block's output `[B, 1, D]` at position `index[b]` of each row only, with the
-        keys and values of every position (see `Attention.last_query`)."""
-        attn, kv = self.self_attn.last_query(self.input_layernorm(x), cos, sin, mask, index)
-        x = x[jnp.arange(x.shape[0]), index][:, None] + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
     def decode(
