@@ -26,7 +26,7 @@ TRL's memory is the process's peak resident set (both models, generation include
 number than XLA's program accounting. Record: tools/bench/results/grpo_step.json.
 
 Usage: .venv/bin/python tools/bench/bench_grpo_step.py [--prompts 8] [--groups 4]
-       [--prompt-len 32] [--new-tokens 32] [--rounds 3] [--steps 2] [--trl] [--cpus 0]
+       [--prompt-len 32] [--new-tokens 32] [--rounds 3] [--steps 2] [--trl] [--rescore] [--cpus 0]
 """
 
 from __future__ import annotations
@@ -131,12 +131,11 @@ def main() -> None:
     first_step = time.perf_counter() - start
     contenders: dict = {"dew": lambda: dew_steps(args.steps)}
     params = sum(int(np.size(x)) for x in jax.tree.leaves(state[0].params["params"]))
-    rows = b * args.groups
     forwards = 2 + 6 + 2 + (2 if args.rescore else 0)  # sampling, update, reference, rescoring
-    step_flops = forwards * params * rows * (p + r)
-    contenders["jnp.dot peak"] = jnp_dot_peak(step_flops)
+    step_flops = forwards * params * b * args.groups * (p + r)
     worker = None
     if args.trl:
+        contenders["jnp.dot peak"] = jnp_dot_peak(step_flops)  # for the ceiling against TRL
         flags = []
         for name in ("prompts", "groups", "prompt_len", "new_tokens", "vocab", "width", "layers"):
             flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]

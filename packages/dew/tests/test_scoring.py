@@ -31,7 +31,7 @@ def test_target_log_probs_match_a_numpy_log_softmax() -> None:
 
 
 def test_target_log_probs_gradient_is_onehot_minus_softmax() -> None:
-    # The written-out backward pass against the float64 formula: g * (onehot - softmax).
+    # The gradient against the float64 formula: g * (onehot - softmax).
     rng = np.random.default_rng(3)
     logits = (3 * rng.standard_normal((2, 5, 7))).astype(np.float32)
     targets = rng.integers(0, 7, (2, 5))

@@ -53,22 +53,21 @@ from dew.sampling import Sampling
 _LOG = logging.getLogger(__name__)
 
 
-@jax.jit
-def _request_key_data(seed: jax.Array, request_id: jax.Array, fold: jax.Array) -> jax.Array:
-    """Raw key data of ``key(seed)``, folded with ``request_id`` when ``fold`` is set: one
-    compiled call per request instead of a few dispatched operations."""
+def _derive_key_data(seed: Any, request_id: Any, fold: bool) -> jax.Array:
+    """Raw key data of ``key(seed)``, folded with ``request_id`` when ``fold``."""
     base = jax.random.key(seed)
-    return jax.random.key_data(jnp.where(fold, jax.random.fold_in(base, request_id), base))
+    return jax.random.key_data(jax.random.fold_in(base, request_id) if fold else base)
+
+
+_compiled_key_data = jax.jit(_derive_key_data, static_argnums=2)
 
 
 def _key_data_for(seed: int, request_id: int, fold: bool) -> np.ndarray:
-    """uint32 key data of a request drawing from ``seed`` (folded with its id when ``fold``)."""
-    if 0 <= seed < 2**31 and 0 <= request_id < 2**31:
-        return np.asarray(_request_key_data(seed, request_id, fold), np.uint32)
-    base = jax.random.key(seed)  # a seed outside int32 takes the general path
-    return np.asarray(
-        jax.random.key_data(jax.random.fold_in(base, request_id) if fold else base), np.uint32
-    )
+    """uint32 key data of a request drawing from ``seed`` (folded with its id when ``fold``):
+    one compiled call instead of a few dispatched operations when both fit in int32."""
+    fits = 0 <= seed < 2**31 and 0 <= request_id < 2**31
+    derive = _compiled_key_data if fits else _derive_key_data
+    return np.asarray(derive(seed, request_id, fold), np.uint32)
 
 
 class Server(CompileStats):
