@@ -76,11 +76,16 @@ class _StandInAccelerator:
         return tensor
 
 
-def _trainer(beta: float, log_probs: torch.Tensor, workdir: str) -> DPOTrainer:
+def _trainer(
+    beta: float, log_probs: torch.Tensor, workdir: str, nll_weight: float | None = None
+) -> DPOTrainer:
+    # RPO in TRL 1.16.0 is the "sft" loss type beside "sigmoid", weighted by loss_weights.
+    losses = ["sigmoid"] if nll_weight is None else ["sigmoid", "sft"]
     args = DPOConfig(
         output_dir=workdir,
         beta=beta,
-        loss_type=["sigmoid"],
+        loss_type=losses,
+        loss_weights=None if nll_weight is None else [1.0, nll_weight],
         bf16=False,
         report_to="none",
         precompute_ref_log_probs=True,
@@ -113,8 +118,11 @@ def _case(
     policy: np.ndarray,
     reference: np.ndarray,
     workdir: str,
+    nll_weight: float | None = None,
 ) -> dict[str, object]:
-    """Run TRL on one batch; ``mask`` is ``[B, 2, S]``, log-probs ``[B, 2, S - 1]``."""
+    """Run TRL on one batch; ``mask`` is ``[B, 2, S]``, log-probs ``[B, 2, S - 1]``.
+
+    ``nll_weight`` adds TRL's ``"sft"`` loss (RPO) with that weight."""
     pairs, _, width = mask.shape
 
     def stack(x: np.ndarray) -> np.ndarray:  # [B, 2, ...] -> [2B, ...], chosen rows first
@@ -125,7 +133,7 @@ def _case(
     leaf = torch.from_numpy(stack(policy)).clone().requires_grad_(True)
     ref_tokens = torch.from_numpy(stack(reference))
     ref_sums = ref_tokens.masked_fill(completion_mask[:, 1:] == 0, 0.0).sum(dim=1)
-    trainer = _trainer(beta, leaf, workdir)
+    trainer = _trainer(beta, leaf, workdir, nll_weight)
     inputs = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
@@ -145,6 +153,7 @@ def _case(
         "policy_log_probs": policy.astype(np.float32),
         "reference_log_probs": reference.astype(np.float32),
         "beta": np.float32(beta),
+        "nll_weight": np.float32(nll_weight or 0.0),
         "loss": np.float32(loss.detach().item()),
         "grad_policy_log_probs": grad_pairs.astype(np.float32),
     }
@@ -155,7 +164,8 @@ def _case(
     return {
         "file": path.name,
         "beta": beta,
-        "loss_type": "sigmoid",
+        "loss_type": "sigmoid" if nll_weight is None else ["sigmoid", "sft"],
+        "loss_weights": None if nll_weight is None else [1.0, nll_weight],
         "pairs": pairs,
         "row_width": width,
         "dtype": "float32",
@@ -200,6 +210,13 @@ def main() -> None:
         # An unmoved policy: zero rewards, loss log 2, no wins.
         policy = rng.normal(-2.0, 1.0, (pairs, 2, width - 1)).astype(np.float32)
         cases.append(_case("sigmoid_unmoved", 0.1, mask, policy, policy.copy(), workdir))
+        # RPO: the chosen side's token-mean NLL beside the sigmoid loss (drawn after the
+        # cases above, so their fixtures do not change).
+        for beta, weight in ((0.1, 1.0), (1.0, 0.25)):
+            policy = rng.normal(-2.0, 1.0, (pairs, 2, width - 1)).astype(np.float32)
+            reference = rng.normal(-2.0, 1.0, (pairs, 2, width - 1)).astype(np.float32)
+            name = f"rpo_beta{str(beta).replace('.', 'p')}_nll{str(weight).replace('.', 'p')}"
+            cases.append(_case(name, beta, mask, policy, reference, workdir, weight))
     sidecar = {
         "package": "trl",
         "version": trl.__version__,

@@ -1,4 +1,6 @@
-"""DPOObjective's loss math against TRL 1.16.0's DPO sigmoid loss and autograd gradients.
+"""DPOObjective's loss math against TRL 1.16.0's DPO sigmoid loss and autograd gradients,
+and against its RPO form (``loss_type=["sigmoid", "sft"]``: the chosen side's token-mean NLL
+added with a weight, Dew's ``nll_weight``).
 
 The fixtures (``tests/fixtures/dpo``) were written by ``tools/parity_dpo.py``, which ran
 ``DPOTrainer._compute_loss`` on fixed per-token log-probabilities. Here the same inputs go
@@ -36,15 +38,18 @@ def test_sidecar_names_the_reference() -> None:
     assert SIDECAR["options"]["loss_type"] == "sigmoid"
     assert len(SIDECAR["wheel_sha256"]) == 64
     assert len(CASES) >= 5
+    rpo = [c for c in SIDECAR["cases"] if c["loss_type"] == ["sigmoid", "sft"]]
+    assert len(rpo) >= 2 and all(c["loss_weights"][1] > 0 for c in rpo)
 
 
 def _dew(fixture: np.lib.npyio.NpzFile) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
     beta = float(fixture["beta"])
+    nll_weight = float(fixture["nll_weight"]) if "nll_weight" in fixture else 0.0
     mask = jnp.asarray(fixture["completion_mask"][:, :, 1:] > 0)
     reference = jnp.asarray(fixture["reference_log_probs"])
 
     def loss(policy: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-        return dpo_terms(policy, reference, mask, beta)
+        return dpo_terms(policy, reference, mask, beta, nll_weight)
 
     (value, metrics), grad = jax.value_and_grad(loss, has_aux=True)(
         jnp.asarray(fixture["policy_log_probs"])

@@ -165,6 +165,9 @@ def test_batch_and_reference_are_checked(setup) -> None:
         ({"ema_decay": 0.99}, ValueError, "ema_decay: DPO keeps its reference frozen"),
         ({"ema_decay": None}, ValueError, "ema_decay"),
         ({"seq_len": 0}, ValueError, "seq_len"),
+        ({"nll_weight": -0.5}, ValueError, "nll_weight: expected a finite number >= 0"),
+        ({"nll_weight": float("nan")}, ValueError, "nll_weight"),
+        ({"nll_weight": "1"}, ValueError, "nll_weight"),
         ({"pretrained": {"weights": 1}}, ValueError, "pretrained: expected a full variables"),
     ],
 )
@@ -184,6 +187,29 @@ def test_ema_decay_is_fixed_and_pretrained_is_the_start(setup) -> None:
     started = DPOObjective(model, WIDTH - 1, beta=0.1, pretrained=policy)
     assert started.init(jax.random.key(5)) == dict(policy)
     assert set(reference) == {"params"}
+
+
+def test_nll_weight_adds_the_chosen_token_mean_nll(setup) -> None:
+    """RPO: the loss grows by alpha times the chosen side's token-mean NLL of the whole
+    batch (pooled over tokens, not a mean of per-pair means), computed here in numpy."""
+    model, objective, reference, policy, batch, loss = setup
+    key = jax.random.key(0)
+    plain, pairs, metrics = loss(policy, batch, key, reference)
+    rpo = DPOObjective(model, seq_len=WIDTH - 1, beta=0.5, nll_weight=0.7)
+    total, rpo_pairs, rpo_metrics = jax.jit(rpo.loss)(policy, batch, key, reference)
+    ids = np.asarray(batch["input_ids"])[:, 0]
+    mask = np.asarray(batch["completion_mask"])[:, 0, 1:] > 0
+    logits = np.asarray(model.apply(policy, jnp.asarray(ids[:, :-1])), np.float64)
+    lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    nll = (lse - np.take_along_axis(logits, ids[:, 1:, None], -1)[..., 0])[mask].mean()
+    assert float(rpo_pairs) == float(pairs) == len(ROWS)
+    np.testing.assert_allclose(float(metrics["nll/chosen"]), nll, rtol=1e-5)
+    np.testing.assert_allclose(float(total), float(plain) + 0.7 * nll * len(ROWS), rtol=1e-5)
+    # the term pulls the chosen answers up: its gradient differs from plain DPO's
+    grads = [jax.grad(lambda v, o=o: o.loss(v, batch, key, reference)[0])(policy)
+             for o in (objective, rpo)]  # fmt: skip
+    diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), *grads)
+    assert max(jax.tree.leaves(diff)) > 0
 
 
 def test_evaluate_is_chosen_answer_perplexity(setup) -> None:

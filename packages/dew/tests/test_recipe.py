@@ -237,3 +237,16 @@ def test_rollout_options_are_checked(setup):
         Stage("d", pairs, steps=1, decode=str)
     with pytest.raises(TypeError, match=r"Stage.decode \(g\): expected a callable"):
         Stage("g", prompts, steps=1, reward=reward, decode="text")
+    with pytest.raises(ValueError, match=r"Stage.nll_weight \(g\): only a PreferencePairs"):
+        Stage("g", prompts, steps=1, reward=reward, nll_weight=1.0)
+
+
+def test_dpo_stage_passes_its_nll_weight(setup, tmp_path):
+    model = dew.models.build(
+        "causal_transformer", **{k: v for k, v in MODEL.items() if k != "name"}
+    )
+    pairs = PreferencePairs(records=tuple(json.dumps(p) for p in PAIRS), seq_len=8)
+    rpo, plain = Stage("r", pairs, steps=1, nll_weight=0.5), Stage("d", pairs, steps=1)
+    recipe = Recipe(model, optax.adam(1e-3), jax.random.key(0), tmp_path, 2, (rpo, plain))
+    assert recipe.objective(rpo, None)[0].nll_weight == 0.5
+    assert recipe.objective(plain, None)[0].nll_weight == 0.0

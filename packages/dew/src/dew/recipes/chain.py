@@ -5,7 +5,7 @@ objective:
 
 =====================  =====================================================================
 ``ChatMessages``       SFT: ``LMObjective(model, data.seq_len, loss_role=Role.ASSISTANT)``
-``PreferencePairs``    DPO: ``DPOObjective(model, data.seq_len - 1, beta)``
+``PreferencePairs``    DPO: ``DPOObjective(model, data.seq_len - 1, beta, nll_weight)``
 ``Prompts``            GRPO: ``GRPOObjective(model, P + R - 1, beta)`` fed by
                        ``SampledRollout(objective, reward, groups, R, Sampling(top_k=sample))``
 =====================  =====================================================================
@@ -53,6 +53,7 @@ class Stage:
       data: ``ChatMessages`` (SFT), ``PreferencePairs`` (DPO) or ``Prompts`` (GRPO).
       steps: optimizer steps of this stage.
       beta: DPO's preference scale (default 0.1) or GRPO's KL coefficient (default 0).
+      nll_weight: DPO only: RPO's weight of the chosen answers' token-mean NLL (default 0).
       reward: GRPO's ``reward(data_source, completion, ground_truth, extra_info) -> float``.
       groups: GRPO completions per prompt (>= 2).
       max_new_tokens: GRPO response budget.
@@ -69,6 +70,7 @@ class Stage:
     data: Any
     steps: int
     beta: float | None = None
+    nll_weight: float | None = None
     reward: Callable[[str, str, str, str], float] | None = None
     groups: int = 4
     max_new_tokens: int = 16
@@ -97,6 +99,11 @@ class Stage:
             raise ValueError(
                 f"Stage.reward ({self.name}): only a Prompts (GRPO) stage takes a reward, this "
                 f"stage's data is {type(self.data).__name__}"
+            )
+        if self.nll_weight is not None and not isinstance(self.data, PreferencePairs):
+            raise ValueError(
+                f"Stage.nll_weight ({self.name}): only a PreferencePairs (DPO) stage takes it, "
+                f"this stage's data is {type(self.data).__name__}"
             )
         rollout_options = {
             "temperature": self.temperature,
@@ -201,7 +208,11 @@ class Recipe:
             from dew.objectives.rl.dpo import DPOObjective
 
             beta = DEFAULT_DPO_BETA if stage.beta is None else stage.beta
-            return DPOObjective(self.model, data.seq_len - 1, beta=beta, pretrained=start), None
+            nll_weight = 0.0 if stage.nll_weight is None else stage.nll_weight
+            objective = DPOObjective(
+                self.model, data.seq_len - 1, beta=beta, pretrained=start, nll_weight=nll_weight
+            )
+            return objective, None
         from dew.objectives.rl.grpo import GRPOObjective
         from dew.objectives.rollouts.sampled import SampledRollout
         from dew.sampling import Sampling

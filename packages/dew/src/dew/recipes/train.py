@@ -185,7 +185,9 @@ def prepare(config: TrainConfig) -> Prepared:
     elif config.kind == "dpo":
         from dew.objectives.rl.dpo import DPOObjective
 
-        objective = DPOObjective(model, width - 1, beta=o.beta, pretrained=pretrained)
+        objective = DPOObjective(
+            model, width - 1, beta=o.beta, pretrained=pretrained, nll_weight=o.nll_weight
+        )
     else:
         from dew.objectives.rl.grpo import GRPOObjective
         from dew.objectives.rl.rollout import SampledRollout

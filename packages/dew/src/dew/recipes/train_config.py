@@ -151,12 +151,15 @@ class LMObjectiveConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DPOObjectiveConfig:
-    """``beta``: the preference scale."""
+    """``beta``: the preference scale; ``nll_weight``: RPO's weight of the chosen answers'
+    token-mean NLL (0: plain DPO)."""
 
     beta: float = 0.1
+    nll_weight: float = 0.0
 
     def __post_init__(self) -> None:
         positive(self.beta, "objective.beta")
+        positive(self.nll_weight, "objective.nll_weight", allow_zero=True)
 
 
 @dataclasses.dataclass(frozen=True)

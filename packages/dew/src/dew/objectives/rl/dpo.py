@@ -15,12 +15,20 @@ sigmoid DPO loss ``-log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` aver
 pairs, the formula of TRL 1.16.0's ``DPOTrainer._compute_loss`` with ``loss_type="sigmoid"``
 (pinned by ``tests/parity/test_dpo_parity.py``).
 
+With ``nll_weight`` (``alpha``) above zero the loss gains RPO's term (Pang et al. 2024,
+"Iterative Reasoning Preference Optimization"): ``alpha`` times the mean token NLL of the
+chosen completions of the (micro)batch, as TRL 1.16.0 computes it for
+``loss_type=["sigmoid", "sft"]`` with ``loss_weights=[1, alpha]``. Pure DPO can widen the
+margin by pushing both sides down; the NLL term keeps the chosen answer's likelihood rising,
+which is what lifts greedy accuracy when the chosen side is the right answer.
+
 ``loss`` returns ``(sum over pairs, number of pairs, metrics)``; metrics are means over the
 pairs of the batch: ``rewards/chosen`` and ``rewards/rejected`` (``beta`` times each side's
 summed log-ratio of policy over reference), ``rewards/accuracy`` (share of pairs whose chosen
 reward is strictly higher) and ``rewards/margin`` (chosen minus rejected reward), plus
-``logps/chosen`` and ``logps/rejected`` (summed policy log-probs). An unmoved policy reports
-zero rewards and zero accuracy.
+``logps/chosen`` and ``logps/rejected`` (summed policy log-probs), and ``nll/chosen`` (the
+token-mean NLL of the chosen completions, the term ``nll_weight`` scales). An unmoved policy
+reports zero rewards and zero accuracy.
 
 ``evaluate`` measures the policy's perplexity on the chosen completions only (the summed token
 NLL and token count, turned into loss, perplexity and accuracy by ``summarize_evaluation``).
@@ -47,10 +55,31 @@ def sequence_log_prob(log_probs: jax.Array, mask: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(mask, log_probs, 0.0), axis=-1)
 
 
+def chosen_nll(policy: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean NLL over the chosen completion tokens of a batch (RPO's term).
+
+    Args:
+      policy: float ``[B, 2, T]`` per-target log-probs (index 0 chosen).
+      mask: bool ``[B, 2, T]``, the targets that are completion tokens.
+    Returns:
+      a scalar: minus the sum of the chosen side's kept log-probs over their count, pooled
+      over all pairs (a token mean, not a mean of per-pair means). A batch with no chosen
+      token gives 0 instead of TRL's NaN.
+    """
+    kept = mask[:, 0]
+    total = jnp.sum(jnp.where(kept, policy[:, 0], 0.0))
+    count = jnp.sum(kept).astype(policy.dtype)
+    return -total / jnp.maximum(count, 1.0)
+
+
 def dpo_terms(
-    policy: jax.Array, reference: jax.Array, mask: jax.Array, beta: float
+    policy: jax.Array,
+    reference: jax.Array,
+    mask: jax.Array,
+    beta: float,
+    nll_weight: float = 0.0,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """DPO loss and metrics from per-token log-probs of both sides.
+    """DPO (or RPO) loss and metrics from per-token log-probs of both sides.
 
     Args:
       policy: float ``[B, 2, T]``, log-prob of each target under the policy (index 0 chosen).
@@ -58,6 +87,8 @@ def dpo_terms(
         here; callers stop its gradient).
       mask: bool ``[B, 2, T]``, the targets that are completion tokens.
       beta: the positive DPO temperature.
+      nll_weight: RPO's ``alpha``; ``alpha * chosen_nll(policy, mask)`` joins the mean loss
+        (TRL's ``loss_type=["sigmoid", "sft"]``, ``loss_weights=[1, alpha]``).
     Returns:
       ``(mean loss over the B pairs, metrics)`` with the metric means described in the
       module docstring. Values at masked positions never reach the result, even when not
@@ -84,6 +115,10 @@ def dpo_terms(
         "logps/chosen": jnp.mean(policy_sums[:, 0]),
         "logps/rejected": jnp.mean(policy_sums[:, 1]),
     }
+    nll = chosen_nll(policy, mask)
+    metrics["nll/chosen"] = jax.lax.stop_gradient(nll)
+    if nll_weight:
+        loss = loss + nll_weight * nll
     return loss, metrics
 
 
@@ -99,6 +134,8 @@ class DPOObjective:
         frozen reference. Without it the model is freshly initialized (and that start is the
         reference).
       ema_decay: only ``1.0`` is accepted: the reference in ``TrainState.ema`` never moves.
+      nll_weight: RPO's ``alpha``, the weight of the chosen side's token-mean NLL added to
+        each pair's loss (0, the default, is plain DPO).
     """
 
     def __init__(
@@ -108,6 +145,7 @@ class DPOObjective:
         beta: float = 0.1,
         pretrained: Any = None,
         ema_decay: float = 1.0,
+        nll_weight: float = 0.0,
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
@@ -115,6 +153,10 @@ class DPOObjective:
             raise ValueError(f"beta: expected a positive number, got {beta!r}")
         if not math.isfinite(beta):
             raise ValueError(f"beta: expected a finite number, got {beta!r}")
+        if not is_real(nll_weight) or not math.isfinite(nll_weight) or nll_weight < 0:
+            raise ValueError(
+                f"nll_weight: expected a finite number >= 0, got {nll_weight!r}"
+            )
         if isinstance(ema_decay, bool) or ema_decay != 1.0:
             raise ValueError(
                 "ema_decay: DPO keeps its reference frozen in TrainState.ema, so the decay is "
@@ -123,6 +165,7 @@ class DPOObjective:
         self.model = model
         self.seq_len = seq_len
         self.beta = float(beta)
+        self.nll_weight = float(nll_weight)
         self.pretrained = validate_pretrained(pretrained)
 
     token_fields = ("input_ids",)  # the batch column counted as tokens (see objectives.base)
@@ -179,7 +222,7 @@ class DPOObjective:
         mask = batch["completion_mask"][:, :, 1:] > 0
         policy = self._token_log_probs(variables, input_ids)
         ref = jax.lax.stop_gradient(self._token_log_probs(reference, input_ids))
-        mean_loss, metrics = dpo_terms(policy, ref, mask, self.beta)
+        mean_loss, metrics = dpo_terms(policy, ref, mask, self.beta, self.nll_weight)
         pairs = input_ids.shape[0]
         return mean_loss * pairs, jnp.asarray(pairs, jnp.float32), metrics
 
