@@ -117,34 +117,18 @@ def parity(session: nox.Session) -> None:
     session.run("pytest", "tests", *session.posargs)
 
 
-def _quickstart_runs(session: nox.Session, selection: str, goals: bool = False) -> None:
-    """Run the whole-``dew quickstart`` tests (marker ``quickstart``) that ``selection`` picks;
-    ``goals`` also checks the size of GRPO's lift."""
+@nox.session
+def quickstart(session: nox.Session) -> None:
+    """Whole ``dew quickstart`` runs (marker ``quickstart``, minutes long, so the other
+    sessions deselect them): the default preset on seeds 0, 1 and 2 lifts held-out accuracy
+    at every stage, and a run killed
+    inside SFT, DPO and GRPO resumes to the result of an uninterrupted run."""
     _sync(session, "--package", "dew", "--exact")
     session.install(*TEST_TOOLS)
     session.run(
         "pytest", "packages/dew/tests/test_quickstart_runs.py", "-m", "quickstart",
-        "-k", selection, "--durations=5", *session.posargs,
-        env={"DEW_QUICKSTART_GOALS": "1" if goals else "0"},
+        "--durations=5", *session.posargs,
     )  # fmt: skip
-
-
-@nox.session
-def quickstart(session: nox.Session) -> None:
-    """The default preset on seeds 0 and 1 lifts held-out accuracy through SFT and GRPO (DPO
-    lifts its pair ranking and keeps accuracy within a standard error), and a run
-    killed inside SFT, DPO and GRPO resumes to the result of an
-    uninterrupted run. Minutes long, so the other sessions deselect them (marker
-    ``quickstart``)."""
-    _quickstart_runs(session, "lifts or sigkill")
-
-
-@nox.session(name="quickstart-goals")
-def quickstart_goals(session: nox.Session) -> None:
-    """Only the seeds test of the ``quickstart`` session (the default preset on seeds 0 and 1
-    lifts held-out accuracy at every stage, GRPO by more than a standard error and at least
-    0.05)."""
-    _quickstart_runs(session, "lifts", goals=True)
 
 
 @nox.session

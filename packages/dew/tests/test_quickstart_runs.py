@@ -56,29 +56,24 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
     return stages
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_default_run_lifts_held_out_accuracy_through_sft_and_grpo(
-    tmp_path: Path, seed: int
-) -> None:
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed: int) -> None:
+    """Every stage solves more of the 1000 held-out problems than its start (counted in
+    solved problems, so float rounding of the accuracies cannot decide it), and DPO ranks
+    more of its pairs right. The numbers differ between kinds of CPU (XLA's code and
+    rounding follow the vector unit); the design, not a tuned bound, is what makes these
+    hold on each (see ``dew.quickstart.config``)."""
     run_dir = tmp_path / f"seed{seed}"
     out = finish(quickstart("--seed", str(seed), "--run-dir", str(run_dir)))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["machine"]["cpu_kind"] in ("avx2", "avx512", "avx512+amx", "older")
     stages = outcome(run_dir)
     assert [s["name"] for s in stages] == ["sft", "dpo", "grpo"]
-    sft, dpo, grpo = stages
-    for stage in (sft, grpo):
-        assert stage["accuracy_after"] > stage["accuracy_before"], (stage["name"], out)
-    # DPO learns to rank the pairs, which must lift; its held-out accuracy must not fall by
-    # more than the standard error it started with. Its sign is decided by the CPU's float
-    # order: seed 0 went 0.660 -> 0.695 on an AVX-512 EPYC and 0.685 -> 0.675 on an AVX2 one.
+    for stage in stages:
+        assert stage["held_out"] == 1000
+        assert stage["solved_after"] > stage["solved_before"], (stage["name"], out)
+    dpo = stages[1]
     assert dpo["preference_accuracy_after"] > dpo["preference_accuracy_before"], out
-    assert dpo["accuracy_after"] > dpo["accuracy_before"] - dpo["standard_error_before"], out
-    if os.environ.get("DEW_QUICKSTART_GOALS") == "1":
-        # the issue's goal, checked by `nox -s quickstart-goals`: more than a standard error
-        # and at least +0.05 (counted in solved problems so float rounding cannot decide it).
-        # Seed 1 meets +0.05 with no problem to spare, so a CPU whose float order differs may
-        # miss it; the default CI session checks the lift itself, not its size.
-        assert grpo["accuracy_after"] - grpo["accuracy_before"] > grpo["standard_error_before"]
-        assert 20 * (grpo["solved_after"] - grpo["solved_before"]) >= grpo["held_out"], out
 
 
 def _has(path: Path) -> Callable[[], bool]:

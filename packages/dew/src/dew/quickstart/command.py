@@ -180,6 +180,7 @@ def _run_stages(
     import jax
 
     from dew.quickstart.evaluate import changed
+    from dew.quickstart.machine import machine_record
     from dew.quickstart.report import (
         read_json,
         report,
@@ -245,6 +246,7 @@ def _run_stages(
     summary: dict[str, Any] = {
         "complete": True,
         "settings": settings.as_dict(),
+        "machine": machine_record(),
         "stages": results,
         "reward_curves": curves,
         "seconds": round(time.perf_counter() - t0, 2),

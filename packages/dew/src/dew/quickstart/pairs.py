@@ -97,6 +97,31 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def slip_pair(
+    prompt: Sequence[int],
+    right: Sequence[int],
+    wrong: Sequence[int],
+    question: str,
+    right_text: str,
+    wrong_text: str,
+) -> Pair:
+    """The pair of a right and a wrong answer's ids that part somewhere (a ``ValueError``
+    names the question when they never do)."""
+    at = parting_index(right, wrong)
+    if at is None:
+        raise ValueError(f"slip_pair ({question}): the two answers never part: {wrong_text!r}")
+    return Pair(
+        prompt=tuple(prompt),
+        prefix=tuple(right[:at]),
+        chosen_id=right[at],
+        rejected_id=wrong[at],
+        chosen_rest=tuple(right[at + 1 :]),
+        question=question,
+        chosen_text=right_text,
+        rejected_text=wrong_text,
+    )
+
+
 def build_pairs(
     generation: TextGeneration,
     decode: Any,

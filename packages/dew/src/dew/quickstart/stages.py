@@ -3,9 +3,11 @@
 * SFT: ``ChatMessages`` over the training problems' worked answers (loss on the assistant
   tokens), one single-stage ``Recipe`` so it gets its own optimizer (AdamW with warm-up and
   cosine decay) and batch.
-* DPO: on-policy ``PreferencePairs``: the SFT policy answers training questions (greedily
-  and by sampling), and each wrong answer is paired with the right id where it parts from the
-  closest correct answer (``dew.quickstart.pairs``); a single-stage ``Recipe`` with the SFT
+* DPO (as RPO: the preference loss plus the chosen answers' NLL): on-policy
+  ``PreferencePairs``: the SFT policy answers training questions (greedily and by sampling),
+  and each wrong answer is paired with the right id where it parts from the closest correct
+  answer (``dew.quickstart.pairs``); every drawn question it got right gives an anchor pair
+  instead (its worked answer against a typical slip); a single-stage ``Recipe`` with the SFT
   policy as the frozen reference.
 * GRPO: ``Prompts`` of the training questions in a single-stage ``Recipe`` whose stage samples
   ``groups`` answers per prompt at ``grpo_temperature`` until ``<|end|>``, decoded by the
@@ -40,7 +42,7 @@ from dew.files import atomic_write
 from dew.inference import TextGeneration
 from dew.quickstart.config import Settings
 from dew.quickstart.evaluate import prompt_ids
-from dew.quickstart.pairs import Pair, PreferenceCheck, build_pairs
+from dew.quickstart.pairs import Pair, PreferenceCheck, build_pairs, slip_pair
 from dew.quickstart.task import Problem
 from dew.quickstart.tokenizer import END
 from dew.recipes.chain import Recipe, Stage
@@ -150,6 +152,7 @@ def dpo_pairs(ctx: Context, start: Any) -> list[Pair]:
     if pairs:  # keep what the policy gets wrong or nearly so
         margins = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0).margins(start)
         pairs = [p for p, m in zip(pairs, margins, strict=True) if m < s.dpo_max_margin]
+    pairs = pairs + anchor_pairs(ctx, picked, {p.question for p in pairs}, rng)
     if not pairs:
         raise RuntimeError(
             "dpo: the starting policy answered every sampled question right; there is nothing "
@@ -158,6 +161,34 @@ def dpo_pairs(ctx: Context, start: Any) -> list[Pair]:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     _write_jsonl(path, [{**dataclasses.asdict(p), **json.loads(p.record())} for p in pairs])
     return pairs
+
+
+def anchor_pairs(
+    ctx: Context, problems: list[Problem], covered: set[str], rng: np.random.Generator
+) -> list[Pair]:
+    """A pair for every problem in ``problems`` whose question no mistake pair covers: the
+    worked answer against the same steps with one typical slip (``Problem.wrong``).
+
+    These carry RPO's NLL term over the whole draw, not only over the questions the policy
+    gets wrong; their preference term is nearly spent from the start (the policy already
+    ranks the right step far above the slip).
+    """
+    out = []
+    for p in problems:
+        if p.question in covered:
+            continue
+        wrong = p.wrong(rng)
+        out.append(
+            slip_pair(
+                prompt_ids(ctx.tokenizer, p.question),
+                response_ids(ctx, p.worked()),
+                response_ids(ctx, wrong),
+                p.question,
+                p.worked(),
+                wrong,
+            )
+        )
+    return out
 
 
 def _pair(row: dict[str, Any]) -> Pair:
@@ -246,7 +277,9 @@ def run_dpo(ctx: Context, start: Any) -> Outcome:
     after (``preference_accuracy_before`` / ``_after``) and a few pairs."""
     s = ctx.settings
     pairs = dpo_pairs(ctx, start)
-    stage = Stage("dpo", dpo_data(ctx, pairs), steps=s.dpo_steps, beta=s.dpo_beta)
+    stage = Stage(
+        "dpo", dpo_data(ctx, pairs), steps=s.dpo_steps, beta=s.dpo_beta, nll_weight=s.dpo_nll_weight
+    )
     state = _recipe(ctx, stage, s.optimizer("dpo"), s.dpo_batch, start, 1)
     check = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0)
     extra = {
