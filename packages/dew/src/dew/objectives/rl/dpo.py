@@ -154,9 +154,7 @@ class DPOObjective:
         if not math.isfinite(beta):
             raise ValueError(f"beta: expected a finite number, got {beta!r}")
         if not is_real(nll_weight) or not math.isfinite(nll_weight) or nll_weight < 0:
-            raise ValueError(
-                f"nll_weight: expected a finite number >= 0, got {nll_weight!r}"
-            )
+            raise ValueError(f"nll_weight: expected a finite number >= 0, got {nll_weight!r}")
         if isinstance(ema_decay, bool) or ema_decay != 1.0:
             raise ValueError(
                 "ema_decay: DPO keeps its reference frozen in TrainState.ema, so the decay is "
