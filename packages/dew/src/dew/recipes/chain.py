@@ -209,10 +209,10 @@ class Recipe:
 
             beta = DEFAULT_DPO_BETA if stage.beta is None else stage.beta
             nll_weight = 0.0 if stage.nll_weight is None else stage.nll_weight
-            objective = DPOObjective(
+            dpo = DPOObjective(
                 self.model, data.seq_len - 1, beta=beta, pretrained=start, nll_weight=nll_weight
             )
-            return objective, None
+            return dpo, None
         from dew.objectives.rl.grpo import GRPOObjective
         from dew.objectives.rollouts.sampled import SampledRollout
         from dew.sampling import Sampling
