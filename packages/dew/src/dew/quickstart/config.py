@@ -36,8 +36,13 @@ one machine:
   ``grpo_warmup`` steps: the full first step of a fresh Adam (every weight moved by the whole
   rate) dropped the sampled reward from 0.32 to 0.08 and it never recovered.
 * GRPO does not yet lift by design: after this DPO it moved held-out accuracy by -0.001 to
-  +0.049 over the seeds measured (it lifted +0.05 to +0.085 after the old, weaker DPO),
-  because DPO and GRPO fix the same mistakes.
+  +0.049 over the seeds measured (it lifted +0.05 to +0.085 after the old DPO, partly by
+  undoing that DPO's damage). From seed 2's DPO policy (0.771): a rate of 1e-4 gave 0.752,
+  sampling at 0.5/0.7 gave 0.744/0.730, 16 samples of 16 prompts 0.809 (but -0.001 on seed
+  1 and +0.043 on seed 0), 32 of 8 0.745, training only on prompts it answered wrong (half
+  of them) 0.781. Its sampled reward rises while greedy accuracy wanders: at temperature 0.3
+  a question the greedy answer gets wrong rarely has a right sample, so most of the signal
+  sharpens what greedy already does.
 * SFT stops at 350 steps. It sits on a cliff there: at 420 steps the three seeds ended at
   0.28, 0.86 and 0.95, and from 0.95 GRPO had no room left (0.960 -> 0.954). At 350 the
   seeds end lower, leaving mistakes for DPO and GRPO. Where on the cliff a seed lands is
