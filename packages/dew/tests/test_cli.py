@@ -72,6 +72,22 @@ def test_train_lm_resumes(tmp_path):
     assert other.returncode != 0 and "other settings" in other.stderr
 
 
+def test_train_lm_resumes_from_a_relative_run_dir(tmp_path):
+    """The same command twice with ``--run-dir runs/lm`` from the data's directory: the
+    second run continues the first (it used to stop with orbax's 'should be absolute')."""
+    rng = np.random.default_rng(1)
+    write_tokens(tmp_path / "tokens.bin", rng.integers(0, 50, size=2000))
+    base = ["train", "lm", "--tokens", "tokens.bin", "--run-dir", "runs/lm", "--seq-len", "16",
+            "--eos-id", "0", "--checkpoint-every", "2", *TINY]  # fmt: skip
+    first = run([*base, "--steps", "2"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    second = run([*base, "--steps", "3"], cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "trained to step 3 (3 updates)" in second.stdout
+    steps = [json.loads(x)["step"] for x in open(tmp_path / "runs" / "lm" / "metrics.jsonl")]
+    assert steps == [1, 2, 3]
+
+
 def test_train_sft(tmp_path, capsys):
     tok = build_tokenizer(str(tmp_path / "tok"))
     data = tmp_path / "chat.jsonl"

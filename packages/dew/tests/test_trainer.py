@@ -159,6 +159,21 @@ def test_resume_is_bit_identical_and_logs(model, tmp_path):
     assert meta["position"] == 6
 
 
+def test_a_relative_run_dir_saves_and_resumes(model, tmp_path, monkeypatch):
+    """``fit(run_dir="runs/x")`` from another working directory: the second call resumes
+    from the first call's checkpoint instead of failing on orbax's absolute-path check."""
+    obj = LMObjective(model, SEQ, ema_decay=None)
+    monkeypatch.chdir(tmp_path)
+    first = Trainer(obj, optax.sgd(0.1), key=jax.random.key(1), checkpoint_every=2)
+    first.fit(batches(5), steps=2, run_dir="runs/x")
+    assert [s for s, _ in ckpt.list_checkpoints("runs/x")] == [2]
+    assert all(os.path.isabs(p) for _, p in ckpt.list_checkpoints("runs/x"))
+    again = Trainer(obj, optax.sgd(0.1), key=jax.random.key(1), checkpoint_every=2)
+    resumed = again.fit(batches(5), steps=3, run_dir="runs/x")
+    assert int(resumed.step) == 3
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "runs" / "x")] == [2, 3]
+
+
 def test_corrupt_checkpoint_is_skipped(model, tmp_path):
     obj = LMObjective(model, SEQ, ema_decay=None)
     run = tmp_path / "run"

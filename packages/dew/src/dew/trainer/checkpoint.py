@@ -82,7 +82,9 @@ def to_host(x: Any) -> np.ndarray:
 
 
 def checkpoint_dir(run_dir: str | os.PathLike[str]) -> str:
-    return os.path.join(os.fspath(run_dir), "checkpoints")
+    """``RUN_DIR/checkpoints`` as an absolute path (orbax refuses relative ones, so a run
+    started with ``run_dir="runs/x"`` could save but not restore)."""
+    return os.path.abspath(os.path.join(os.fspath(run_dir), "checkpoints"))
 
 
 def list_checkpoints(run_dir: str | os.PathLike[str]) -> list[tuple[int, str]]:
