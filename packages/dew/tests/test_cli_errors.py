@@ -70,6 +70,11 @@ def write(path: Path, rows) -> Path:
     [
         (["--steps", "-3"], "dew: error: run.steps: expected a number > 0, got -3"),
         (["--lr=-1e-3"], "dew: error: optimizer.learning_rate: expected a number > 0, got -0.001"),
+        (["--lr", "-1e-3"], "dew: error: optimizer.learning_rate: expected a number > 0, got -0.001"),
+        (["--lr", "nan"], "dew: error: optimizer.learning_rate: expected a finite number > 0, got nan"),
+        (["--lr", "inf"], "dew: error: optimizer.learning_rate: expected a finite number > 0, got inf"),
+        (["--lr", "-inf"], "dew: error: optimizer.learning_rate: expected a finite number > 0, got -inf"),
+        (["--steps", "-3", "--lr", "-2"], "dew: error: run.steps: expected a number > 0, got -3"),
         (["--set", "optimizer.learning_rat=1e-5"],
          "dew: error: optimizer.learning_rat: unknown key; did you mean 'learning_rate'?"),
         (["--set", "optimiser.learning_rate=1e-5"], "dew: error: optimiser: unknown key; did you mean 'optimizer'?"),
@@ -115,6 +120,8 @@ def test_missing_required_flags(capsys, argv, message):
     ("argv", "message"),
     [
         (["train", "lm", "--lrr", "1"], "dew train lm: error: unrecognized arguments: --lrr 1; did you mean --lr? (see 'dew train lm --help')"),
+        (["train", "lm", "--learning-rate", "1e-3"], "dew train lm: error: unrecognized arguments: --learning-rate 1e-3; did you mean --lr?"),
+        (["train", "lm", "--num-layers", "2"], "dew train lm: error: unrecognized arguments: --num-layers 2; did you mean --layers?"),
         (["train", "lm", "--steps", "ten"], "dew train lm: error: argument --steps: invalid int value: 'ten' (see 'dew train lm --help')"),
         (["train", "ppo"], "dew train: error: argument KIND: invalid choice: 'ppo'"),
     ],

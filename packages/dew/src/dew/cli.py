@@ -345,14 +345,46 @@ def _unrecognized(
             break
         sub = actions[0].choices[value]
     flags = [flag for action in sub._actions for flag in action.option_strings]
-    near = nearest(extra[0].split("=", 1)[0], flags) if extra[0].startswith("-") else None
+    # a config key's own name as a flag (--learning-rate for optimizer.learning_rate)
+    by_key = {
+        "--" + action.dest.rsplit(".", 1)[-1].replace("_", "-"): action.option_strings[0]
+        for action in sub._actions
+        if action.option_strings and "." in action.dest
+    }
+    given = extra[0].split("=", 1)[0]
+    near = None
+    if given.startswith("-"):
+        near = by_key.get(given) or nearest(given, flags)
     hint = f"; did you mean {near}?" if near else ""
     sub.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--lr -1e-3`` -> ``--lr=-1e-3``: argparse takes ``-1e-3`` for an option (its
+    negative-number rule misses exponents), so a negative value after a long flag is joined
+    to it; the config check then names the key and the bound."""
+    out: list[str] = []
+    for token in argv:
+        previous = out[-1] if out else ""
+        joinable = previous.startswith("--") and "=" not in previous and previous != "--"
+        if joinable and token.startswith("-") and _is_number(token):
+            out[-1] = f"{previous}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dew`` console script."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     debug = "--debug" in argv
     if not debug:
         warnings.formatwarning = _warning_line

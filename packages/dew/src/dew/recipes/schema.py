@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import types
 import typing
@@ -138,6 +139,9 @@ def positive(value: Any, where: str, *, allow_zero: bool = False) -> None:
     """Refuse a number below zero (or at zero unless ``allow_zero``)."""
     if value is None:
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        want = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{where}: expected a finite number {want}, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
         want = ">= 0" if allow_zero else "> 0"
         raise ConfigError(f"{where}: expected a number {want}, got {value!r}")
