@@ -299,6 +299,34 @@ def test_chain_config_is_checked_before_any_stage_trains(work, capsys, tmp_path)
     (tmp_path / "chain.json").write_text(json.dumps({**config, "stages": [stage], "outptu": "x"}))
     line = error_line(capsys, ["chain", str(tmp_path / "chain.json")])
     assert "outptu: unknown key; did you mean 'output'?" in line
+    (tmp_path / "a-file").write_text("not a directory\n")
+    on_file = {**config, "stages": [stage], "output": str(tmp_path / "a-file")}
+    (tmp_path / "chain.json").write_text(json.dumps(on_file))
+    line = error_line(capsys, ["chain", str(tmp_path / "chain.json")])
+    assert (
+        line == f"dew: error: output: {str(tmp_path / 'a-file')!r} is a file; expected a directory"
+    )
+    assert (tmp_path / "a-file").read_text() == "not a directory\n"
+
+
+def test_a_run_dir_that_is_a_file_is_named(work, tmp_path, capsys):
+    base, _ = work
+    (tmp_path / "runfile").write_text("keep me\n")
+    argv = ["train", "lm", "--tokens", str(base / "tokens.bin"), "--steps", "1",
+            "--seq-len", "8", *TINY]  # fmt: skip
+    line = error_line(capsys, [*argv, "--run-dir", str(tmp_path / "runfile")])
+    assert (
+        line
+        == f"dew: error: run.run_dir: {str(tmp_path / 'runfile')!r} is a file; expected a directory"
+    )
+    line = error_line(capsys, [*argv, "--run-dir", str(tmp_path / "runfile" / "sub")])
+    assert line == (f"dew: error: run.run_dir: {str(tmp_path / 'runfile' / 'sub')!r} lies under "
+                    f"the file {str(tmp_path / 'runfile')!r}; expected a directory")  # fmt: skip
+    line = error_line(capsys, [*argv, "--run-dir", str(tmp_path / "r"), "--export",
+                               str(tmp_path / "runfile")])  # fmt: skip
+    assert line.startswith("dew: error: run.export: ") and "is a file" in line
+    assert (tmp_path / "runfile").read_text() == "keep me\n"
+    assert not (tmp_path / "r").exists()
 
 
 # ----------------------------------------------------------------------- --debug

@@ -43,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from dew.checks import is_int
-from dew.recipes.schema import ConfigError, apply_override, load_file, unknown_key
+from dew.recipes.schema import (
+    ConfigError,
+    apply_override,
+    directory_path,
+    load_file,
+    unknown_key,
+)
 
 DATASETS = ("ChatMessages", "PreferencePairs", "Prompts")
 _PATH_KEYS = ("path", "tokenizer", "val_path")
@@ -219,11 +225,13 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         stages.append(stage)
     model, pretrained = build_model(model_cfg)
     output = Path(os.path.expanduser(str(config["output"])))
+    output = output if output.is_absolute() else base / output
+    directory_path(output, "output")
     return Recipe(
         model=model,
         optimizer=lambda stage: optimizers[stage.name],
         key=jax.random.key(seed),
-        output=output if output.is_absolute() else base / output,
+        output=output,
         batch=batch,
         stages=stages,
         pretrained=pretrained,

@@ -147,6 +147,19 @@ def positive(value: Any, where: str, *, allow_zero: bool = False) -> None:
         raise ConfigError(f"{where}: expected a number {want}, got {value!r}")
 
 
+def directory_path(path: str | os.PathLike[str], where: str) -> None:
+    """Refuse a directory path that is a file, or that lies under a file (``where`` names
+    the key). A path that does not exist yet is fine: it is made when first written."""
+    text = os.fspath(path)
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise ConfigError(f"{where}: {text!r} is a file; expected a directory")
+    parent = os.path.dirname(os.path.abspath(text))
+    while parent and not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if parent and not os.path.isdir(parent):
+        raise ConfigError(f"{where}: {text!r} lies under the file {parent!r}; expected a directory")
+
+
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A config mapping from a ``.json``, ``.yaml`` or ``.yml`` file."""
     path = os.fspath(path)

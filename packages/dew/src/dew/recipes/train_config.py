@@ -28,7 +28,7 @@ from dew.recipes.builder import (
     optimizer_config,
     schedule_config,
 )
-from dew.recipes.schema import ConfigError, positive, section, unknown_key
+from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
 
 KINDS = ("lm", "sft", "dpo", "grpo")
 SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective")
@@ -66,6 +66,9 @@ class RunConfig:
         for name in ("steps", "batch", "microbatches", "log_every", "eval_every",
                      "checkpoint_every", "keep"):  # fmt: skip
             positive(getattr(self, name), f"run.{name}")
+        directory_path(self.run_dir, "run.run_dir")
+        if self.export:
+            directory_path(self.export, "run.export")
         if self.batch % self.microbatches:
             raise ConfigError(
                 f"run.microbatches: {self.microbatches} does not divide run.batch {self.batch}"
