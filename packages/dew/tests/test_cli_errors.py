@@ -250,6 +250,31 @@ def test_grpo_settings(work, capsys, tmp_path):
         assert line.startswith(f"dew: error: {message}"), line
 
 
+def test_grpo_prompts_without_the_field_the_reward_reads(work, capsys, tmp_path):
+    """A math reward on prompts with no ground truth would score every answer 0: refused
+    before any step, naming the column, the first row and the reward."""
+    rows = [{"prompt": [1, 2, 3], "ground_truth": "4"}, {"prompt": [1, 2]},
+            {"prompt": [2], "reward_model": {"ground_truth": "1"}}, {"prompt": [3]}]  # fmt: skip
+    prompts = write(tmp_path / "p.jsonl", rows)
+    argv = ["train", "grpo", "--data", str(prompts), "--run-dir", str(tmp_path / "r"),
+            "--steps", "1", "--vocab-size", "16", "--reward", "dew.rewards:MathReward"]  # fmt: skip
+    assert error_line(capsys, argv) == (
+        "dew: error: data.path: 2 of 4 rows have no 'ground_truth' (nor "
+        "reward_model.ground_truth), first row 1; objective.reward 'dew.rewards:MathReward' "
+        "needs it"
+    )
+    assert not (tmp_path / "r").exists()
+    # a reward that declares no needs takes the same rows
+    from dew.data import Prompts
+    from dew.recipes.chain import Stage
+    from dew.rewards import MathReward
+
+    reader = Prompts(path=prompts, max_prompt_len=4)
+    Stage("g", reader, steps=1, reward=lambda *a: 0.0)
+    with pytest.raises(ValueError, match=r"Stage.data \(g\): 2 of 4 rows have no 'ground_truth'"):
+        Stage("g", reader, steps=1, reward=MathReward())
+
+
 # ----------------------------------------------------------------------- config files
 def test_config_file_errors(work, capsys, tmp_path):
     base, _ = work

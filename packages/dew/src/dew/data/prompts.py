@@ -296,6 +296,24 @@ class Prompts:
             raise KeyError(f"Prompts.text: field must be one of {METADATA}, got {field!r}")
         return decode_text(self.arrays[field][row])
 
+    def rows_without(self, field: str) -> list[int]:
+        """Indices of the rows whose metadata ``field`` is empty (or was absent)."""
+        if field not in METADATA:
+            raise KeyError(f"Prompts.rows_without: field must be one of {METADATA}, got {field!r}")
+        return [row for row in range(len(self)) if not self.text(field, row)]
+
+    def check_fields(self, needs: Sequence[str], where: str, reader: str) -> None:
+        """Raise ``ValueError`` (``where``: the data key) when a field in ``needs`` is empty
+        in some row; ``reader`` names what reads it (the reward)."""
+        for field in needs:
+            missing = self.rows_without(field)
+            if missing:
+                nested = " (nor reward_model.ground_truth)" if field == "ground_truth" else ""
+                raise ValueError(
+                    f"{where}: {len(missing)} of {len(self)} rows have no {field!r}{nested}, "
+                    f"first row {missing[0]}; {reader} needs it"
+                )
+
     def load(self, batch: int, val: Prompts | None = None) -> Dataset:
         """A ``Dataset`` of endless training batches of ``batch`` prompts.
 

@@ -95,6 +95,9 @@ class Stage:
             )
         if isinstance(self.data, Prompts) and self.reward is None:
             raise ValueError(f"Stage.reward ({self.name}): a Prompts (GRPO) stage needs a reward")
+        if isinstance(self.data, Prompts):
+            needs = getattr(self.reward, "needs", ())
+            self.data.check_fields(needs, f"Stage.data ({self.name})", "the stage's reward")
         if not isinstance(self.data, Prompts) and self.reward is not None:
             raise ValueError(
                 f"Stage.reward ({self.name}): only a Prompts (GRPO) stage takes a reward, this "

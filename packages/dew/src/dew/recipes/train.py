@@ -118,6 +118,14 @@ def _grpo_data(config: TrainConfig) -> tuple[Any, int, int]:
 
     d = config.data
     prompts, val = _train_and_val(Prompts, config, max_prompt_len=d.max_prompt_len)
+    needs = getattr(_reward_object(config.objective.reward), "needs", ())
+    reader = f"objective.reward {config.objective.reward!r}"
+    for key, reader_data in (("data.path", prompts), ("data.val_path", val)):
+        if reader_data is not None:
+            try:
+                reader_data.check_fields(needs, key, reader)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
     largest = _max_id(prompts.arrays["prompt"])
     if d.tokenizer is None and config.model.vocab_size is None and config.model.pretrained is None:
         raise ConfigError(
@@ -154,15 +162,21 @@ def _vocab(config: TrainConfig, reader: Any, largest: int) -> int:
     return vocab
 
 
-def _reward(spec: str) -> Callable[..., float]:
-    import inspect
+def _reward_object(spec: str) -> Any:
+    """What ``module:name`` names (a class or a function), not yet instantiated."""
     import sys
 
     from dew.recipes.cli import load_reward
 
     if os.getcwd() not in sys.path:  # ``--reward my_rewards:f`` finds ./my_rewards.py
         sys.path.insert(0, os.getcwd())
-    fn = load_reward(spec, "objective.reward")
+    return load_reward(spec, "objective.reward")
+
+
+def _reward(spec: str) -> Callable[..., float]:
+    import inspect
+
+    fn = _reward_object(spec)
     reward: Callable[..., float] = fn() if inspect.isclass(fn) else fn  # type: ignore[assignment]
     return reward
 

@@ -24,7 +24,13 @@ class MathReward:
     expression (``\\sqrt{2}``, ``x+1``, ``50\\%``), the two normalised strings must be equal
     once all whitespace is removed. A ``ground_truth`` that itself holds a ``\\boxed{}`` is
     compared by its last box. ``data_source`` and ``extra_info`` are accepted and unused.
+
+    ``needs`` names the prompt fields it cannot score without: front ends refuse prompts
+    whose rows lack one before any step (an empty ``ground_truth`` would score every
+    completion as wrong, silently).
     """
+
+    needs = ("ground_truth",)
 
     def __init__(self, correct: float = 1.0, incorrect: float = 0.0) -> None:
         self.correct = float(correct)
