@@ -250,6 +250,28 @@ def test_grpo_settings(work, capsys, tmp_path):
         assert line.startswith(f"dew: error: {message}"), line
 
 
+def test_grpo_lengths_beyond_the_models_positions_name_the_options(work, capsys, tmp_path):
+    base, _ = work
+    prompts = write(tmp_path / "p.jsonl", [{"prompt": [1, 2, 3], "ground_truth": "4"}])
+    argv = ["train", "grpo", "--data", str(prompts), "--run-dir", str(tmp_path / "r"),
+            "--steps", "1", "--vocab-size", "16", "--set", "data.max_prompt_len=20",
+            "--set", "objective.max_new_tokens=20"]  # fmt: skip
+    need = ("data.max_prompt_len 20 + objective.max_new_tokens 20 need (64; sampling pads "
+            "each to a power of two, at least 16)")  # fmt: skip
+    line = error_line(capsys, [*argv, "--set", "model.max_seq_len=32"])
+    assert line == f"dew: error: model.max_seq_len: 32 is shorter than {need}"
+    exported = tmp_path / "small-model"
+    assert main(["train", "lm", "--tokens", str(base / "tokens.bin"), "--run-dir",
+                 str(tmp_path / "lm"), "--steps", "1", "--seq-len", "8", *TINY,
+                 "--export", str(exported), "--export-dtype", "float32"]) == 0  # fmt: skip
+    capsys.readouterr()
+    positions = json.loads((exported / "config.json").read_text())["max_position_embeddings"]
+    line = error_line(capsys, [*argv, "--pretrained", str(exported)])
+    assert line == (
+        f"dew: error: model.pretrained: the model covers {positions} positions, fewer than {need}"
+    )
+
+
 def test_grpo_prompts_without_the_field_the_reward_reads(work, capsys, tmp_path):
     """A math reward on prompts with no ground truth would score every answer 0: refused
     before any step, naming the column, the first row and the reward."""

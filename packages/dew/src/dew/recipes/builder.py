@@ -144,13 +144,19 @@ def schedule_config(mapping: Any, where: str = "schedule") -> ScheduleConfig:
 
 
 def build_model(
-    config: ModelConfig, *, vocab_size: int | None = None, max_seq_len: int | None = None
+    config: ModelConfig,
+    *,
+    vocab_size: int | None = None,
+    max_seq_len: int | None = None,
+    length_from: str | None = None,
 ) -> tuple[Any, Any]:
     """``(model, variables)``: a fresh decoder (``variables`` None) or a pretrained one.
 
     ``vocab_size`` and ``max_seq_len`` are what the data needs: they fill the config's unset
-    sizes, and a pretrained model whose vocabulary is smaller than ``vocab_size`` is refused.
+    sizes, and a model whose vocabulary or positions are fewer is refused. ``length_from``
+    says where ``max_seq_len`` comes from (the options to change), for that error.
     """
+    source = f"the rows the data makes ({max_seq_len})" if length_from is None else length_from
     from dew import models
 
     if config.pretrained is not None:
@@ -159,6 +165,11 @@ def build_model(
             raise ConfigError(
                 f"model.pretrained: the model's vocabulary ({loaded.config.vocab_size}) is "
                 f"smaller than the data's ({vocab_size})"
+            )
+        positions = getattr(loaded.config, "max_seq_len", None)
+        if max_seq_len is not None and positions is not None and positions < max_seq_len:
+            raise ConfigError(
+                f"model.pretrained: the model covers {positions} positions, fewer than {source}"
             )
         return loaded.model, dict(loaded.variables)
     vocab = config.vocab_size if config.vocab_size is not None else vocab_size
@@ -172,10 +183,7 @@ def build_model(
     options: dict[str, Any] = {}
     if width is not None:
         if max_seq_len is not None and width < max_seq_len:
-            raise ConfigError(
-                f"model.max_seq_len: {width} is shorter than the rows the data makes "
-                f"({max_seq_len})"
-            )
+            raise ConfigError(f"model.max_seq_len: {width} is shorter than {source}")
         options["max_seq_len"] = width
     model = models.build(
         config.name,

@@ -186,7 +186,14 @@ def prepare(config: TrainConfig) -> Prepared:
     readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data}
     data, vocab, width = readers[config.kind](config)
     room = width if config.kind != "grpo" else max(width, _generation_room(config))
-    model, pretrained = build_model(config.model, vocab_size=vocab, max_seq_len=room)
+    why = None
+    if config.kind == "grpo":
+        prompt, new = config.data.max_prompt_len, config.objective.max_new_tokens
+        why = (f"data.max_prompt_len {prompt} + objective.max_new_tokens {new} need ({room}; "
+               "sampling pads each to a power of two, at least 16)")  # fmt: skip
+    model, pretrained = build_model(
+        config.model, vocab_size=vocab, max_seq_len=room, length_from=why
+    )
     o = config.objective
     rollout = None
     if config.kind in ("lm", "sft"):
