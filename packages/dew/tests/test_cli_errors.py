@@ -250,6 +250,32 @@ def test_grpo_settings(work, capsys, tmp_path):
         assert line.startswith(f"dew: error: {message}"), line
 
 
+def test_a_tokenizer_name_that_is_no_directory_says_so_first(work, capsys, tmp_path, monkeypatch):
+    """A typo'd tokenizer directory is named as a missing directory; only a name that could
+    be a Hub id adds that the Hub lookup failed too (no network here, or offline)."""
+    base, _ = work
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "chat.jsonl").write_text(json.dumps(GOOD_CHAT) + "\n")
+    argv = ["train", "sft", "--data", "chat.jsonl", "--run-dir", "r", "--steps", "1", *TINY]
+    for name in ("tokk", "org/tokk"):
+        line = error_line(capsys, [*argv, "--tokenizer", name])
+        assert line.startswith(
+            f"dew: error: data.tokenizer: no such directory {name!r}; looked up as a Hub name, "
+            "it failed too ("
+        ), line
+    line = error_line(capsys, [*argv, "--tokenizer", "chat.jsonl"])
+    assert line == (
+        f"dew: error: data.tokenizer: {str(tmp_path / 'chat.jsonl')!r} is a file; expected a "
+        "tokenizer directory"
+    )
+    assert not (tmp_path / "r").exists()
+    from dew.data.chat.template import looks_like_hub_id
+
+    assert looks_like_hub_id("gpt2") and looks_like_hub_id("Qwen/Qwen3-0.6B")
+    for path in ("./tok", "/abs/tok", "~/tok", "a/b/c", "../tok", "a/../b", ""):
+        assert not looks_like_hub_id(path), path
+
+
 def test_grpo_lengths_beyond_the_models_positions_name_the_options(work, capsys, tmp_path):
     base, _ = work
     prompts = write(tmp_path / "p.jsonl", [{"prompt": [1, 2, 3], "ground_truth": "4"}])

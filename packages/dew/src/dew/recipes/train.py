@@ -184,6 +184,11 @@ def _reward(spec: str) -> Callable[..., float]:
 def prepare(config: TrainConfig) -> Prepared:
     """Read the data, build the model, the objective and (GRPO) the rollout."""
     readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data}
+    tokenizer = getattr(config.data, "tokenizer", None)
+    if tokenizer is not None:  # a missing directory or failed Hub lookup, named by its key
+        from dew.data.chat.template import load_chat_tokenizer
+
+        load_chat_tokenizer(tokenizer, "data.tokenizer")
     data, vocab, width = readers[config.kind](config)
     room = width if config.kind != "grpo" else max(width, _generation_room(config))
     why = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -145,14 +146,34 @@ def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") 
     path = os.fspath(name)
     if os.path.isdir(path):
         return ChatTokenizer.load(path)
+    if os.path.exists(path):
+        raise ValueError(f"{field}: {path!r} is a file; expected a tokenizer directory")
+    if not looks_like_hub_id(path):
+        raise FileNotFoundError(f"{field}: no such directory {path!r}")
     try:
         from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
     except ImportError as err:
         raise ImportError(
-            f"{field} {path!r} is not a local directory; a Hub name needs the optional "
+            f"{field}: no such directory {path!r}; as a Hub name it needs the optional "
             "'hf' extra (pip install 'dew[hf]')"
         ) from err
-    local = snapshot_download(
-        path, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
-    )
+    try:
+        local = snapshot_download(
+            path, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
+        )
+    except Exception as err:  # offline, unknown repo, no network: one line that says so
+        reason = " ".join(str(err).split())[:160] or type(err).__name__
+        raise FileNotFoundError(
+            f"{field}: no such directory {path!r}; looked up as a Hub name, it failed too "
+            f"({type(err).__name__}: {reason})"
+        ) from None
     return ChatTokenizer.load(local)
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """Whether ``name`` could be a Hub repository id (``name`` or ``org/name``), rather than
+    only a path: no leading ``.``, ``/`` or ``~``, at most one slash, no ``..``."""
+    return bool(_HUB_ID.fullmatch(name)) and ".." not in name
