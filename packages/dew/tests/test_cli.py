@@ -95,7 +95,7 @@ def test_train_sft(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = main(["train", "sft", "--data", str(data), "--tokenizer", tok, "--run-dir",
                  str(run_dir), "--seq-len", "191", "--steps", "3", "--val-data", str(data),
-                 "--eval-every", "3", *TINY])  # fmt: skip
+                 "--eval-every", "3", "--export", str(tmp_path / "out"), *TINY])  # fmt: skip
     assert code == 0
     assert "trained to step 3" in capsys.readouterr().out
     last = [json.loads(x) for x in open(run_dir / "metrics.jsonl")][-1]
@@ -105,3 +105,13 @@ def test_train_sft(tmp_path, capsys):
 
     vocab = ChatTokenizer.load(tok).tokenizer.get_vocab_size()
     assert config["model"]["vocab_size"] == vocab and config["kind"] == "sft"
+    # the exported directory carries the tokenizer beside the weights, byte for byte
+    from tokenizers import Tokenizer
+
+    out = tmp_path / "out"
+    assert (out / "model.safetensors").is_file()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (tmp_path / "tok" / name).read_bytes()
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab_size() == vocab
+    exported = ChatTokenizer.load(out)
+    assert exported.encode("hello") == ChatTokenizer.load(tok).encode("hello")

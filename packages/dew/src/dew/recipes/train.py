@@ -314,6 +314,11 @@ def run_train(config: TrainConfig) -> Any:
         family = None if config.model.pretrained else config.model.name
         models.Pretrained.from_model(prepared.model, jax.device_get(state.params),
                                      family=family).save(r.export, dtype=r.export_dtype)  # fmt: skip
+        tokenizer = getattr(config.data, "tokenizer", None)
+        if tokenizer is not None:  # the exported directory loads on its own
+            from dew.data.chat.template import copy_tokenizer
+
+            copy_tokenizer(tokenizer, r.export)
     return state
 
 

@@ -137,15 +137,23 @@ class ChatTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
-def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") -> ChatTokenizer:
-    """A ``ChatTokenizer`` from a local directory, or from a Hub name with the ``hf`` extra.
+#: What a tokenizer directory holds that loaders read (``tokenizers``, ``transformers``, Dew).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+)
 
-    Only ``tokenizer.json``, ``tokenizer_config.json`` and ``chat_template.jinja`` are fetched
-    from the Hub. ``field`` names the argument in the error raised when the extra is missing.
-    """
+
+def tokenizer_directory(name: str | os.PathLike[str], field: str = "tokenizer") -> str:
+    """The local directory of a tokenizer: ``name`` itself, or the Hub snapshot of the files
+    in ``TOKENIZER_FILES`` (the ``hf`` extra). ``field`` names the argument in errors: a
+    missing directory is said first, and a failed Hub lookup only for names that could be
+    Hub ids."""
     path = os.fspath(name)
     if os.path.isdir(path):
-        return ChatTokenizer.load(path)
+        return path
     if os.path.exists(path):
         raise ValueError(f"{field}: {path!r} is a file; expected a tokenizer directory")
     if not looks_like_hub_id(path):
@@ -158,16 +166,39 @@ def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") 
             "'hf' extra (pip install 'dew[hf]')"
         ) from err
     try:
-        local = snapshot_download(
-            path, allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
-        )
+        local: str = snapshot_download(path, allow_patterns=list(TOKENIZER_FILES))
     except Exception as err:  # offline, unknown repo, no network: one line that says so
         reason = " ".join(str(err).split())[:160] or type(err).__name__
         raise FileNotFoundError(
             f"{field}: no such directory {path!r}; looked up as a Hub name, it failed too "
             f"({type(err).__name__}: {reason})"
         ) from None
-    return ChatTokenizer.load(local)
+    return local
+
+
+def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") -> ChatTokenizer:
+    """A ``ChatTokenizer`` from a local directory, or from a Hub name with the ``hf`` extra
+    (see ``tokenizer_directory``)."""
+    return ChatTokenizer.load(tokenizer_directory(name, field))
+
+
+def copy_tokenizer(name: str | os.PathLike[str], target: str | os.PathLike[str]) -> list[str]:
+    """Copy the tokenizer files of ``name`` (a directory or Hub name) into ``target``, each
+    written atomically; returns the names copied."""
+    from dew.files import atomic_write
+
+    source = tokenizer_directory(name, "tokenizer")
+    os.makedirs(target, exist_ok=True)
+    copied = []
+    for file in TOKENIZER_FILES:
+        path = os.path.join(source, file)
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                data = f.read()
+            with atomic_write(os.path.join(target, file), "wb") as out:
+                out.write(data)
+            copied.append(file)
+    return copied
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)?")
