@@ -88,6 +88,48 @@ def test_train_lm_resumes_from_a_relative_run_dir(tmp_path):
     assert steps == [1, 2, 3]
 
 
+def test_fresh_moves_the_old_run_aside_and_resume_from_picks_a_checkpoint(tmp_path):
+    rng = np.random.default_rng(2)
+    write_tokens(tmp_path / "tokens.bin", rng.integers(0, 50, size=2000))
+    base = ["train", "lm", "--tokens", "tokens.bin", "--run-dir", "run", "--seq-len", "16",
+            "--eos-id", "0", "--checkpoint-every", "1", "--set", "run.keep=10", *TINY]  # fmt: skip
+    first = run([*base, "--steps", "3"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    straight = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    # --resume-from a step: steps 2 and 3 are trained again from step 1's checkpoint
+    again = run([*base, "--steps", "3", "--resume-from", "1"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "trained to step 3 (3 updates)" in again.stdout
+    redone = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in redone] == [1, 2, 3]
+    assert [r["loss"] for r in redone] == [r["loss"] for r in straight]  # the same steps
+    # --resume-from a checkpoint directory of another run starts this one there
+    step2 = tmp_path / "run" / "checkpoints" / "step_00000002"
+    other = [a if a != "run" else "other" for a in base]
+    moved = run([*other, "--steps", "3", "--resume-from", str(step2)], cwd=tmp_path)
+    assert moved.returncode == 0, moved.stderr[-2000:]
+    assert [json.loads(x)["step"] for x in open(tmp_path / "other" / "metrics.jsonl")] == [3]
+    # --fresh keeps the old run under another name and trains from step 0
+    fresh = run([*base, "--steps", "2", "--fresh"], cwd=tmp_path)
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("run.old-")]
+    assert f"dew: moved the earlier run to {old.name}" in fresh.stdout
+    assert sorted(p.name for p in (old / "checkpoints").iterdir())[-1] == "step_00000003"
+    assert [json.loads(x)["step"] for x in open(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+    for flags, message in [
+        (["--resume-from", "7"], "run.resume_from: run has no checkpoint of step 7 "
+                                 "(its checkpoints: 1, 2)"),
+        (["--resume-from", "nowhere"], "run.resume_from: 'nowhere' is neither a step number"),
+        (["--fresh", "--resume-from", "1"], "run.fresh: starts over, while run.resume_from"),
+    ]:  # fmt: skip
+        bad = run([*base, "--steps", "3", *flags], cwd=tmp_path)
+        assert bad.returncode == 1, bad.stderr
+        assert bad.stderr.strip().splitlines() == [
+            line for line in bad.stderr.strip().splitlines() if line.startswith("dew: error: ")
+        ]
+        assert bad.stderr.strip().startswith(f"dew: error: {message}"), bad.stderr
+
+
 def test_train_sft(tmp_path, capsys):
     tok = build_tokenizer(str(tmp_path / "tok"))
     data = tmp_path / "chat.jsonl"

@@ -48,6 +48,12 @@ _FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...
      "--export-dtype)", None),
     (("--export-dtype",), "run.export_dtype", str,
      "dtype of the exported weights: bfloat16, float32 or float16", None),
+    (("--fresh",), "run.fresh", bool,
+     "start over: move an existing RUN_DIR aside to RUN_DIR.old-<time> (nothing is deleted)",
+     None),
+    (("--resume-from",), "run.resume_from", str,
+     "continue from this checkpoint instead of the newest: a step of RUN_DIR's checkpoints "
+     "or a checkpoint directory (.../checkpoints/step_NNNNNNNN)", None),
     (("--lr",), "optimizer.learning_rate", float, "peak learning rate", None),
     (("--optimizer",), "optimizer.name", str, "adam, adamw or sgd", None),
     (("--weight-decay",), "optimizer.weight_decay", float,

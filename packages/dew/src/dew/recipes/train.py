@@ -242,6 +242,48 @@ def prepare(config: TrainConfig) -> Prepared:
     return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab)
 
 
+def move_aside(run_dir: str) -> str | None:
+    """Rename a non-empty ``run_dir`` to ``run_dir.old-YYYYmmdd-HHMMSS`` (a counter is added
+    when that exists too); returns the new name, or None when there was nothing to move."""
+    import time
+
+    if not os.path.isdir(run_dir) or not os.listdir(run_dir):
+        return None
+    base = f"{os.path.normpath(run_dir)}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+    target, n = base, 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{base}-{n}"
+    os.replace(run_dir, target)
+    return target
+
+
+def resume_checkpoint(run_dir: str, spec: str | None) -> str | None:
+    """The checkpoint directory ``run.resume_from`` names: a step of ``run_dir``'s
+    checkpoints, or a checkpoint directory; None when ``spec`` is None."""
+    from dew.trainer.checkpoint import list_checkpoints
+
+    if spec is None:
+        return None
+    text = str(spec).strip()
+    if text.isdigit():
+        found = dict(list_checkpoints(run_dir))
+        if int(text) not in found:
+            have = ", ".join(str(s) for s in sorted(found)) or "none"
+            raise ConfigError(
+                f"run.resume_from: {run_dir} has no checkpoint of step {int(text)} "
+                f"(its checkpoints: {have})"
+            )
+        return found[int(text)]
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        raise ConfigError(
+            f"run.resume_from: {text!r} is neither a step number nor a checkpoint directory "
+            "(one holding meta.json, like RUN_DIR/checkpoints/step_00000100)"
+        )
+    return path
+
+
 _SAME = ("kind", "model", "data")
 _MAY_CHANGE = ("val_path", "val_tokens", "val_batches")
 
@@ -297,6 +339,11 @@ def run_train(config: TrainConfig) -> Any:
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, vocab_size=prepared.vocab_size)
     )
+    if config.run.fresh:
+        moved = move_aside(config.run.run_dir)
+        if moved:
+            print(f"dew: moved the earlier run to {moved}", flush=True)
+    resume = resume_checkpoint(config.run.run_dir, config.run.resume_from)
     check_run_dir(config)
     r = config.run
     optimizer = build_optimizer(config.optimizer, config.schedule, steps=r.steps)
@@ -307,7 +354,8 @@ def run_train(config: TrainConfig) -> Any:
                       progress=r.progress)  # fmt: skip
     write_config(config)
     state = trainer.fit(prepared.data, steps=r.steps, log_every=r.log_every,
-                        eval_every=r.eval_every, run_dir=r.run_dir)  # fmt: skip
+                        eval_every=r.eval_every, run_dir=r.run_dir,
+                        resume_from=resume)  # fmt: skip
     if r.export:
         from dew import models
 
@@ -322,4 +370,5 @@ def run_train(config: TrainConfig) -> Any:
     return state
 
 
-__all__ = ["Prepared", "check_run_dir", "prepare", "run_train", "write_config"]
+__all__ = ["Prepared", "check_run_dir", "move_aside", "prepare", "resume_checkpoint",
+           "run_train", "write_config"]  # fmt: skip

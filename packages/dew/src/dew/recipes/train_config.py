@@ -53,10 +53,14 @@ class RunConfig:
     export_dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
     progress: bool | None = None
     trackers: str = ""
+    fresh: bool = False
+    resume_from: str | None = None
 
     def __post_init__(self) -> None:
         from dew.trainer.tracker import TRACKERS
 
+        if self.fresh and self.resume_from is not None:
+            raise ConfigError("run.fresh: starts over, while run.resume_from continues; pass one")
         for name in self.tracker_names():
             if name not in TRACKERS:
                 raise ConfigError(

@@ -223,6 +223,12 @@ def _verify(path: str, expected_leaves: int | None) -> Restored:
     return Restored(path, int(meta["step"]), int(meta["position"]), meta)
 
 
+def load(path: str | os.PathLike[str], expected_leaves: int | None = None) -> Restored:
+    """One checkpoint directory (``.../checkpoints/step_NNNNNNNN``), verified; ``ValueError``
+    says why it cannot be used."""
+    return _verify(os.path.abspath(os.fspath(path)), expected_leaves)
+
+
 def latest(run_dir: str | os.PathLike[str], expected_leaves: int | None = None) -> Restored | None:
     """The newest valid checkpoint in ``run_dir``; invalid ones are skipped with a warning.
 

@@ -209,13 +209,17 @@ class Trainer:
         eval_every: int | None = None,
         run_dir: str | os.PathLike[str] | None = None,
         state: TrainState | None = None,
+        resume_from: str | os.PathLike[str] | None = None,
     ) -> TrainState:
         """Train until ``state.step == steps`` and return the final state.
 
         With ``run_dir``: resume from its newest valid checkpoint when it has one, write
         ``metrics.jsonl`` every ``log_every`` steps, and checkpoints every
         ``checkpoint_every`` steps and at the end. ``state`` starts from a given state
-        instead of ``initial_state()`` (a checkpoint in ``run_dir`` wins).
+        instead of ``initial_state()`` (a checkpoint in ``run_dir`` wins). ``resume_from``
+        names one checkpoint directory to start from instead of ``run_dir``'s newest (its
+        state, step and data position); checkpoints ``run_dir`` holds beyond its step are
+        replaced as training reaches them.
 
         Raises ``NonFiniteLossError`` naming the step whose loss was not finite; that step
         is not saved, so the newest checkpoint stays the last good one. On SIGINT or SIGTERM
@@ -235,10 +239,14 @@ class Trainer:
         else:
             self._ensure_shardings(state.params)
         assert state is not None
-        if run_dir is not None:
-            run_dir = os.fspath(run_dir)
+        if run_dir is not None or resume_from is not None:
+            run_dir = None if run_dir is None else os.fspath(run_dir)
             n_leaves = len(jax.tree_util.tree_leaves(state))
-            restored = ckpt.latest(run_dir, expected_leaves=n_leaves)
+            restored: ckpt.Restored | None
+            if resume_from is not None:
+                restored = ckpt.load(resume_from, expected_leaves=n_leaves)
+            else:
+                restored = ckpt.latest(run_dir or "", expected_leaves=n_leaves)
             if restored is not None:
                 state = ckpt.restore_into(state, self._shardings, restored)
                 position = restored.position
