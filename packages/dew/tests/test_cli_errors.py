@@ -382,6 +382,41 @@ def test_chain_config_is_checked_before_any_stage_trains(work, capsys, tmp_path)
     assert (tmp_path / "a-file").read_text() == "not a directory\n"
 
 
+def test_a_chain_rerun_with_another_config_is_refused_naming_the_keys(work, capsys, tmp_path):
+    base, tok = work
+    stage = {"name": "sft", "steps": 2,
+             "data": {"type": "ChatMessages", "path": str(base / "chat.jsonl"),
+                      "tokenizer": tok, "seq_len": 31}}  # fmt: skip
+    config = {"output": str(tmp_path / "out"), "batch": 1, "log_every": 1, "stages": [stage],
+              "model": {"name": "causal_transformer", "vocab_size": 420, "emb_features": 16,
+                        "num_layers": 1, "num_heads": 2, "mlp_features": 32,
+                        "max_seq_len": 32}}  # fmt: skip
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(config))
+    assert main(["chain", str(path)]) == 0
+    capsys.readouterr()
+    checkpoints = sorted((tmp_path / "out" / "sft" / "checkpoints").iterdir())
+    wider = {**config, "model": {**config["model"], "emb_features": 32}}
+    longer = {**config, "stages": [{**stage, "steps": 3}], "log_every": 2}
+    for changed, keys in ((wider, "model.emb_features"), (longer, "stages.0.steps")):
+        path.write_text(json.dumps(changed))
+        line = error_line(capsys, ["chain", str(path)])
+        assert line == (
+            f"dew: error: output: {tmp_path / 'out'} holds stages trained with another config "
+            f"({keys} differ); pass the same config, --fresh to move the old run aside, or "
+            "another output"
+        )
+        assert sorted((tmp_path / "out" / "sft" / "checkpoints").iterdir()) == checkpoints
+    path.write_text(json.dumps({**config, "log_every": 2}))  # logging may change
+    assert main(["chain", str(path)]) == 0
+    path.write_text(json.dumps(wider))
+    assert main(["chain", str(path), "--fresh"]) == 0
+    (old,) = [p for p in tmp_path.iterdir() if p.name.startswith("out.old-")]
+    assert sorted((old / "sft" / "checkpoints").iterdir())[-1].name == checkpoints[-1].name
+    saved = json.loads((tmp_path / "out" / "chain-config.json").read_text())
+    assert saved["model"]["emb_features"] == 32
+
+
 def test_a_run_dir_that_is_a_file_is_named(work, tmp_path, capsys):
     base, _ = work
     (tmp_path / "runfile").write_text("keep me\n")

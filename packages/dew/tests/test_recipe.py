@@ -168,6 +168,9 @@ def test_cli_runs_a_config(setup, trained):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # the Python run recorded no config: the CLI adopts its checkpoints and says so
+    assert "holds checkpoints but no chain-config.json; continuing them" in done.stderr
+    assert (Path(recipe.output) / "chain-config.json").is_file()
     out = done.stdout.splitlines()
     assert out == [
         f"{s}: step {n}, {n} updates, in {Path(recipe.output) / s.split()[0]}"
