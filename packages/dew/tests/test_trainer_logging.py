@@ -78,8 +78,10 @@ def test_jsonl_tracker_appends_and_drops_steps_after_a_resume(tmp_path):
     t.write({"step": 3, "loss": 0.25})
     t.close()
     rows = [json.loads(x) for x in open(path)]
-    assert rows == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": "nan"},
+    assert rows == [{"step": 1, "loss": 0.5}, {"step": 2, "loss": None},
                     {"step": 3, "loss": 0.25}]  # fmt: skip
+    text = path.read_text()
+    assert "NaN" not in text and '"nan"' not in text  # strict JSON, numeric column kept
 
 
 def test_resumed_fit_says_so_logs_lines_and_never_logs_a_step_twice(objective, tmp_path, capsys):

@@ -44,8 +44,10 @@ class Tracker(Protocol):
 
 
 def _plain(value: Any) -> Any:
+    """A JSON value: a non-finite float becomes ``null`` (strict JSON has no NaN, and a
+    string would turn a numeric column into text for every reader)."""
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None
     return value
 
 
@@ -72,7 +74,8 @@ def _write_id(path: str, value: str) -> None:
 
 
 class JsonlTracker:
-    """Appends records to ``path`` (one JSON object a line), flushed after each.
+    """Appends records to ``path`` (one JSON object a line), flushed after each; a NaN or
+    infinite value is written as ``null``.
 
     ``resume_step``: drop records of later steps already in the file (written by a run that
     stopped after its last checkpoint), so the file never holds a step twice.
