@@ -99,7 +99,9 @@ def test_resumed_fit_says_so_logs_lines_and_never_logs_a_step_twice(objective, t
     trainer().fit(data(), steps=4, log_every=1, run_dir=run)
     first = capsys.readouterr().err.splitlines()
     assert [line.split("  ")[0] for line in first] == [f"dew: step {i}/4" for i in (1, 2, 3, 4)]
-    assert all(re.search(r"  loss \S+  tokens/s \S+  ETA \d+:\d\d:\d\d$", x) for x in first)
+    # the first line has no rate yet (its time is compilation); the others give an ETA
+    assert re.search(r"  loss \S+  tokens/s \S+  ETA \?$", first[0]), first[0]
+    assert all(re.search(r"  loss \S+  tokens/s \S+  ETA \d+:\d\d:\d\d$", x) for x in first[1:])
     shutil.rmtree(run / "checkpoints" / "step_00000004")  # the kill: step 4 was never saved
     trainer().fit(data(), steps=6, log_every=1, run_dir=run)
     second = capsys.readouterr().err.splitlines()
@@ -148,19 +150,36 @@ def test_progress_draws_a_tqdm_bar_on_a_terminal():
     assert "5/10" in text and "loss=0.25" in text and "dew: step" not in text
 
 
+def test_the_eta_leaves_out_the_time_before_the_first_logged_step(monkeypatch):
+    """A resumed run spends a minute restoring and compiling before step 11, then 1 s a
+    step: the ETA at step 12 is 88 s, not (61 + 1) s a step times 88."""
+    import dew.trainer.progress as progress_module
+
+    clock = iter([0.0, 61.0, 62.0, 63.0])
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    stream = TerminalStream(False)
+    bar = Progress(100, start=10, stream=stream)
+    for step in (11, 12, 13):
+        bar.log({"step": step})
+    lines = stream.getvalue().splitlines()
+    assert lines == ["dew: step 11/100  ETA ?", "dew: step 12/100  ETA 0:01:28",
+                     "dew: step 13/100  ETA 0:01:27"]  # fmt: skip
+
+
 def test_plain_log_lines_off_a_terminal():
     stream = TerminalStream(False)
     bar = Progress(100, start=0, stream=stream)
     bar.update(40, 2.0)
+    bar.log({"step": 39, "loss": 2.0})
     bar.log({"step": 40, "loss": 2.3141, "tokens_per_s": 12345.0, "learning_rate": 3e-4})
     bar.message("dew: resuming from step 10")
     bar.close()
     lines = stream.getvalue().splitlines()
     assert re.fullmatch(
         r"dew: step 40/100  loss 2\.314  tokens/s 1\.23e\+04  lr 0\.0003  ETA \d+:\d\d:\d\d",
-        lines[0],
+        lines[1],
     ), lines
-    assert lines[1] == "dew: resuming from step 10"
+    assert lines[2] == "dew: resuming from step 10"
     quiet = TerminalStream(False)
     off = Progress(10, stream=quiet, enabled=False)
     off.log({"step": 1, "loss": 1.0})

@@ -43,6 +43,7 @@ class Progress:
         self.total = total
         self.start = start
         self.t0 = time.perf_counter()
+        self._first: tuple[int, float] | None = None
         self._bar: Any = None
         if self.enabled:
             from tqdm.auto import tqdm
@@ -72,10 +73,14 @@ class Progress:
         """A plain line with the step, loss, tokens/s, learning rate and ETA (no bar only)."""
         if not self.lines:
             return
-        step = int(record["step"])
-        elapsed = time.perf_counter() - self.t0
-        done = step - self.start
-        eta = elapsed / done * (self.total - step) if done > 0 else float("nan")
+        step, now = int(record["step"]), time.perf_counter()
+        # The rate counts from the first logged step on: the time before it is compilation
+        # (and, after a resume, the restore), which the remaining steps do not repeat.
+        if self._first is None:
+            self._first = (step, now)
+        first_step, first_time = self._first
+        done = step - first_step
+        eta = (now - first_time) / done * (self.total - step) if done > 0 else float("nan")
         parts = [f"dew: step {step}/{self.total}"]
         if "loss" in record:
             parts.append(f"loss {record['loss']:.4g}")
