@@ -382,6 +382,47 @@ def test_chain_config_is_checked_before_any_stage_trains(work, capsys, tmp_path)
     assert (tmp_path / "a-file").read_text() == "not a directory\n"
 
 
+def test_chain_reward_classes_are_made_and_checked_before_any_stage(work, capsys, tmp_path):
+    """A chain whose GRPO reward is a class (dew.rewards:MathReward) gets an instance, as
+    dew train does; a class that cannot be made, or prompts without the field it reads,
+    stop the chain before its first stage trains."""
+    from dew.recipes.cli import recipe_from_config
+    from dew.rewards import MathReward
+
+    base, tok = work
+    sft = {"name": "sft", "steps": 1,
+           "data": {"type": "ChatMessages", "path": str(base / "chat.jsonl"),
+                    "tokenizer": tok, "seq_len": 31}}  # fmt: skip
+    prompts = [json.dumps({"prompt": [1, 2], "ground_truth": "3"})]
+    grpo = {"name": "grpo", "steps": 1, "reward": "dew.rewards:MathReward", "groups": 2,
+            "max_new_tokens": 4, "data": {"type": "Prompts", "records": prompts,
+                                          "max_prompt_len": 4}}  # fmt: skip
+    config = {"output": str(tmp_path / "out"), "batch": 1, "stages": [sft, grpo],
+              "model": {"name": "causal_transformer", "vocab_size": 420, "emb_features": 16,
+                        "num_layers": 1, "num_heads": 2, "mlp_features": 32,
+                        "max_seq_len": 32}}  # fmt: skip
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps(config))
+    reward = recipe_from_config(path).stages[1].reward
+    assert isinstance(reward, MathReward)
+    assert reward("s", "so \\boxed{3}", "3", "") == 1.0
+    (tmp_path / "rewards_needing_args.py").write_text(
+        "class Scored:\n    def __init__(self, scale):\n        self.scale = scale\n"
+    )
+    no_truth = [json.dumps({"prompt": [1, 2]})]
+    cases = [
+        ({**grpo, "reward": "rewards_needing_args:Scored"},
+         "stages.1.reward: Scored() failed (TypeError: "),
+        ({**grpo, "data": {**grpo["data"], "records": no_truth}},
+         "stages.1: Stage.data (grpo): 1 of 1 rows have no 'ground_truth'"),
+    ]  # fmt: skip
+    for stage, message in cases:
+        path.write_text(json.dumps({**config, "stages": [sft, stage]}))
+        line = error_line(capsys, ["chain", str(path)])
+        assert line.startswith(f"dew: error: {message}"), line
+        assert not (tmp_path / "out" / "sft").exists()
+
+
 def test_a_chain_rerun_with_another_config_is_refused_naming_the_keys(work, capsys, tmp_path):
     base, tok = work
     stage = {"name": "sft", "steps": 2,

@@ -131,6 +131,10 @@ def load_reward(spec: Any, where: str) -> Any:
     return fn
 
 
+def _short(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:200]
+
+
 def _merge(base: Any, over: Any, where: str) -> dict[str, Any]:
     for value, name in ((base, where.rsplit(".", 1)[-1]), (over, where)):
         if value is not None and not isinstance(value, Mapping):
@@ -217,6 +221,13 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         reward = spec.pop("reward", None)
         if reward is not None:
             reward = load_reward(reward, f"{where}.reward")
+            if inspect.isclass(reward):  # a class is made with no arguments, as dew train does
+                try:
+                    reward = reward()
+                except Exception as err:
+                    raise ConfigError(
+                        f"{where}.reward: {reward.__name__}() failed ({_short(err)})"
+                    ) from None
         try:
             stage = Stage(data=data, reward=reward, **spec)
         except (TypeError, ValueError) as err:
