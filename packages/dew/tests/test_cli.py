@@ -130,6 +130,40 @@ def test_fresh_moves_the_old_run_aside_and_resume_from_picks_a_checkpoint(tmp_pa
         assert bad.stderr.strip().startswith(f"dew: error: {message}"), bad.stderr
 
 
+def test_pretrained_takes_a_hub_id_from_the_hugging_face_cache(tmp_path):
+    """``--pretrained org/name`` reads the snapshot the Hugging Face cache holds (built here
+    by hand: no network), and an id the cache lacks is one line saying so."""
+    rng = np.random.default_rng(3)
+    write_tokens(tmp_path / "tokens.bin", rng.integers(0, 50, size=2000))
+    base = ["train", "lm", "--tokens", "tokens.bin", "--seq-len", "16", "--eos-id", "0",
+            "--steps", "1", *TINY]  # fmt: skip
+    made = run([*base, "--run-dir", "first", "--export", "exported", "--export-dtype",
+                "float32"], cwd=tmp_path)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--org--tiny"
+    shutil.copytree(tmp_path / "exported", repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_CACHE=str(tmp_path / "hub"),
+               HF_HUB_OFFLINE="1")  # fmt: skip
+
+    def dew(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(dew_script() + [*base, *args], capture_output=True, text=True,
+                              env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+
+    loaded = dew("--run-dir", "second", "--pretrained", "org/tiny")
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert "trained to step 1" in loaded.stdout
+    missing = dew("--run-dir", "third", "--pretrained", "org/absent")
+    assert missing.returncode == 1
+    (line,) = missing.stderr.strip().splitlines()
+    assert line.startswith(
+        "dew: error: model.pretrained: no such directory 'org/absent', and the Hugging Face "
+        "cache does not hold it either ("
+    ), line
+
+
 def test_train_sft(tmp_path, capsys):
     tok = build_tokenizer(str(tmp_path / "tok"))
     data = tmp_path / "chat.jsonl"

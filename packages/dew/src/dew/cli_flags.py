@@ -56,8 +56,9 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
     (("--end-lr-fraction",), "schedule.end_fraction", float,
      "where cosine and linear schedules end, as a fraction of --lr", None),
     (("--pretrained",), "model.pretrained", str,
-     "start from this Hugging Face model directory (safetensors + config.json); the model "
-     "size flags are then ignored", None),
+     "start from this Hugging Face model directory (safetensors + config.json), or a Hub "
+     "id (org/name) from the Hugging Face cache; the model size flags are then ignored",
+     None),
     (("--model",), "model.name", str, "model family: causal_transformer, llama, mistral, "
      "qwen2, qwen3", None),
     (("--emb-features",), "model.emb_features", int, "model width", None),

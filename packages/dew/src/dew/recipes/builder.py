@@ -29,6 +29,7 @@ values are checked for type and range before anything is built.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Literal
 
 from dew.checks import is_int
@@ -143,6 +144,37 @@ def schedule_config(mapping: Any, where: str = "schedule") -> ScheduleConfig:
     return section(ScheduleConfig, mapping, where)
 
 
+def pretrained_directory(name: str) -> str:
+    """The local directory of ``model.pretrained``: ``name`` itself, or, for a Hub id
+    (``org/name``), its snapshot in the Hugging Face cache (downloaded when the network
+    allows; with ``HF_HUB_OFFLINE=1`` or no network, only what the cache holds)."""
+    from dew.data.chat.template import looks_like_hub_id
+
+    if os.path.isdir(name):
+        return name
+    if os.path.exists(name):
+        raise ConfigError(f"model.pretrained: {name!r} is a file; expected a model directory")
+    if not looks_like_hub_id(name):
+        raise ConfigError(f"model.pretrained: no such directory {name!r}")
+    try:
+        from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
+    except ImportError:
+        raise ConfigError(
+            f"model.pretrained: no such directory {name!r}; as a Hub id it needs "
+            "huggingface_hub (pip install 'dew[hf]')"
+        ) from None
+    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json"]
+    try:
+        local: str = snapshot_download(name, allow_patterns=patterns)
+    except Exception as err:  # not cached and no network, or no such repository
+        reason = " ".join(str(err).split())[:160] or type(err).__name__
+        raise ConfigError(
+            f"model.pretrained: no such directory {name!r}, and the Hugging Face cache does "
+            f"not hold it either ({type(err).__name__}: {reason})"
+        ) from None
+    return local
+
+
 def build_model(
     config: ModelConfig,
     *,
@@ -160,7 +192,7 @@ def build_model(
     from dew import models
 
     if config.pretrained is not None:
-        loaded = models.load_pretrained(config.pretrained, dtype=config.dtype)
+        loaded = models.load_pretrained(pretrained_directory(config.pretrained), dtype=config.dtype)
         if vocab_size is not None and loaded.config.vocab_size < vocab_size:
             raise ConfigError(
                 f"model.pretrained: the model's vocabulary ({loaded.config.vocab_size}) is "
