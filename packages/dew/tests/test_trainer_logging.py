@@ -234,6 +234,9 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
 
 
 def test_mlflow_file_store_continues_the_run_after_a_resume(tmp_path):
+    config = {"kind": "lm", "run": {"steps": 3, "run_dir": str(tmp_path)},
+              "optimizer": {"name": "adamw", "learning_rate": 0.001}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
     first = MlflowTracker(tmp_path)
     first.write({"step": 1, "loss": 0.5, "val/perplexity": 2.0})
     first.close()
@@ -246,6 +249,10 @@ def test_mlflow_file_store_continues_the_run_after_a_resume(tmp_path):
     assert sorted((m.step, m.value) for m in history) == [(1, 0.5), (2, 0.25)]
     (ppl,) = again.client.get_metric_history(again.run_id, "val/perplexity")
     assert (ppl.step, ppl.value) == (1, 2.0)
+    # the resolved config is the run's params, logged once
+    params = again.client.get_run(again.run_id).data.params
+    assert params == {"kind": "lm", "run.steps": "3", "run.run_dir": str(tmp_path),
+                      "optimizer.name": "adamw", "optimizer.learning_rate": "0.001"}  # fmt: skip
 
 
 def test_unknown_tracker_names_are_refused(objective, tmp_path):

@@ -172,10 +172,35 @@ class WandbTracker:
         self._run.finish()
 
 
+def config_params(run_dir: str, limit: int = 500) -> dict[str, str]:
+    """``run_dir/config.json`` (what ``dew train`` resolved) flattened to dotted keys with
+    string values cut at ``limit`` characters; empty when there is no such file."""
+    path = os.path.join(run_dir, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    out: dict[str, str] = {}
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                walk(inner, f"{key}.{name}" if key else str(name))
+        else:
+            out[key] = str(value)[:limit]
+
+    walk(config, "")
+    return out
+
+
 class MlflowTracker:
     """MLflow (``pip install 'dew[mlflow]'``): a file store at ``run_dir/mlruns`` by default.
 
     The run id is kept in ``run_dir/mlflow_run_id`` so a resumed run continues the same run.
+    A new run logs ``run_dir/config.json`` (the config ``dew train`` resolved) as its
+    params. MLflow 3 opens a file store only with ``MLFLOW_ALLOW_FILE_STORE=true``: set it
+    to read ``run_dir/mlruns`` with ``mlflow ui --backend-store-uri file:RUN_DIR/mlruns``.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str], experiment: str = "dew",
@@ -203,6 +228,13 @@ class MlflowTracker:
         if run_id is None:
             run_id = self.client.create_run(experiment_id).info.run_id
             _write_id(id_path, run_id)
+            params = config_params(run_dir)
+            if params:
+                from mlflow.entities import Param
+
+                items = [Param(k, v) for k, v in sorted(params.items())]
+                for start in range(0, len(items), 100):  # MLflow takes 100 params a batch
+                    self.client.log_batch(run_id, params=items[start : start + 100])
         self.run_id = run_id
         self.tracking_uri = uri
 
