@@ -101,3 +101,32 @@ def test_signal_saves_at_the_step_boundary_and_the_rerun_resumes(tmp_path, sig, 
     assert f"dew: resuming from step {stopped} ({run_dir})" in again.stderr.splitlines()
     assert f"trained to step {stopped + 2} ({stopped + 2} updates)" in again.stdout
     assert logged_steps(run_dir / "metrics.jsonl") == list(range(1, stopped + 3))
+
+
+@pytest.mark.parametrize(
+    ("sig", "delay"),
+    [(signal.SIGINT, 0.3), (signal.SIGINT, 1.0), (signal.SIGINT, 2.5), (signal.SIGTERM, 4.0)],
+)
+def test_a_signal_at_any_moment_gives_one_line_and_its_status(tmp_path, sig, delay):
+    """A signal during the imports, the data reading or the first compilation is recorded,
+    not raised where it lands (a half-imported jax, a library that swallows it, native
+    compile code): the run stops after its first step with a checkpoint, one line, and
+    130 (SIGINT) or 143 (SIGTERM). A signal during the steps stops at the next boundary."""
+    tokens = write_tokens(tmp_path / "t.bin", np.random.default_rng(1).integers(0, 50, 5000))
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "dew.cli", "train", "lm", "--tokens", tokens, "--run-dir",
+            str(run_dir), "--no-progress", "--steps", "100000", *TINY]  # fmt: skip
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)  # fmt: skip
+    time.sleep(delay)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + int(sig), err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"dew: {sig.name}: stopped after step "), lines
+    stopped = int(lines[0].split("stopped after step ")[1].split()[0])
+    assert (run_dir / "checkpoints" / f"step_{stopped:08d}").is_dir()
+    assert out == ""

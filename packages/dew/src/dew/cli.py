@@ -289,7 +289,16 @@ def _join_negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dew`` console script."""
-    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
+    from dew import interrupts
+
+    with interrupts.recording():  # before anything slow: a signal is never lost or half-raised
+        return _main(list(sys.argv[1:] if argv is None else argv))
+
+
+def _main(argv: list[str]) -> int:
+    from dew import interrupts
+
+    argv = _join_negative_values(argv)
     debug = "--debug" in argv
     if not debug:
         warnings.formatwarning = _warning_line
@@ -298,31 +307,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         _unrecognized(parser, args, extra)
     try:
-        if args.command == "train":
-            return _train(args)
-        if args.command == "chain":
-            from dew.recipes.cli import run_chain
-
-            return run_chain(args)
-        if args.command == "quickstart":
-            from dew.quickstart.command import run_command
-
-            return run_command(args)
+        status = _dispatch(args)
     except KeyboardInterrupt as err:
         if debug:
             raise
-        from dew.trainer import TrainingInterrupted
-
-        if isinstance(err, TrainingInterrupted):  # SIGINT/SIGTERM: saved at a step boundary
+        name = getattr(err, "signal_name", None)  # TrainingInterrupted: saved at a step
+        if name is not None:
             print(f"dew: {err}", file=sys.stderr)
-            return 143 if err.signal_name == "SIGTERM" else 130
-        print("dew: interrupted", file=sys.stderr)
-        return 130
+            return interrupts.exit_status(name)
+        name = interrupts.pending() or "SIGINT"
+        print(f"dew: interrupted by {name}", file=sys.stderr)
+        return interrupts.exit_status(name)
     except Exception as err:
         if debug:
             raise
         print(f"dew: error: {_one_line(err)}", file=sys.stderr)
         return 1
+    name = interrupts.pending()
+    if name is not None:  # arrived after the last training step (or with none to stop)
+        print(f"dew: interrupted by {name} (after the work in flight finished)", file=sys.stderr)
+        return interrupts.exit_status(name)
+    return status
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "train":
+        return _train(args)
+    if args.command == "chain":
+        from dew.recipes.cli import run_chain
+
+        return run_chain(args)
+    if args.command == "quickstart":
+        from dew.quickstart.command import run_command
+
+        return run_command(args)
     return 2  # pragma: no cover - argparse requires a command
 
 

@@ -71,6 +71,12 @@ class StopRequest:
         self._fit = next(_FITS)  # every process counts its fits alike, naming the barriers
 
     def __enter__(self) -> StopRequest:
+        from dew import interrupts
+
+        if interrupts.installed() and interrupts.pending() is not None:
+            # the command line recorded a signal before this fit began (dew.interrupts)
+            self.signal_name = interrupts.pending()
+            return self
         if threading.current_thread() is threading.main_thread():
             for sig in SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
@@ -79,6 +85,9 @@ class StopRequest:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.signal_name = signal.Signals(signum).name
         self.restore()
+        from dew import interrupts
+
+        interrupts.note(self.signal_name)  # under the command line, a second one interrupts
 
     def agreed(self, step: int) -> tuple[str, int] | None:
         """``(signal name, process)`` when any process holds a signal at ``step``, else None.
