@@ -458,6 +458,46 @@ def test_a_chain_rerun_with_another_config_is_refused_naming_the_keys(work, caps
     assert saved["model"]["emb_features"] == 32
 
 
+def _small_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True)  # fmt: skip
+    return done.returncode == 0
+
+
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_survives(work, tmp_path):
+    """A real full device (a 300 KiB tmpfs: one checkpoint of this model fits, two do not):
+    one line naming the directory, status 1, the first checkpoint intact and loadable, no
+    partial one left. Mounting needs root, which CI has."""
+    base, _ = work
+    disk = tmp_path / "disk"
+    if not _small_tmpfs(disk, "300k"):
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        run_dir = disk / "run"
+        argv = [sys.executable, "-m", "dew.cli", "train", "lm", "--tokens",
+                str(base / "tokens.bin"), "--run-dir", str(run_dir), "--steps", "50",
+                "--seq-len", "8", "--checkpoint-every", "1", "--no-progress", *TINY]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, JAX_PLATFORMS="cpu"))  # fmt: skip
+        assert done.returncode == 1, done.stderr[-2000:]
+        (line,) = done.stderr.strip().splitlines()
+        root = run_dir / "checkpoints"
+        kept = sorted(os.listdir(root))
+        assert kept and not any(name.startswith(".tmp-") for name in kept), kept
+        step = int(kept[-1].split("_")[1])
+        assert line == (
+            f"dew: error: checkpoint of step {step + 1}: no space left on the device of "
+            f"{root}; the newest, {root / kept[-1]}, is intact"
+        )
+        from dew.trainer import checkpoint as ckpt
+
+        restored = ckpt.latest(run_dir)
+        assert restored is not None and restored.step == step
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 def test_a_run_dir_that_is_a_file_is_named(work, tmp_path, capsys):
     base, _ = work
     (tmp_path / "runfile").write_text("keep me\n")

@@ -174,6 +174,53 @@ def test_a_relative_run_dir_saves_and_resumes(model, tmp_path, monkeypatch):
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "runs" / "x")] == [2, 3]
 
 
+def test_a_full_disk_is_one_sentence_and_keeps_the_last_checkpoint(model, tmp_path, monkeypatch):
+    """The device fills while step 2 is saved: fit raises CheckpointSpaceError naming the
+    directory and the intact step-1 checkpoint, and leaves no partial checkpoint behind."""
+    import errno
+    import re
+
+    real = ckpt._checkpointer
+
+    class Filling:
+        def __init__(self):
+            self.inner = real()
+
+        def __enter__(self):
+            self.inner.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.inner.__exit__(*exc)
+
+        def save(self, path, args):
+            if "step_00000002" in path:
+                os.makedirs(path, exist_ok=True)
+                with open(os.path.join(path, "part"), "wb") as f:
+                    f.write(b"half")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.inner.save(path, args=args)
+
+    monkeypatch.setattr(ckpt, "_checkpointer", Filling)
+    obj = LMObjective(model, SEQ, ema_decay=None)
+    run = tmp_path / "run"
+    trainer = Trainer(obj, optax.sgd(0.1), key=jax.random.key(1), checkpoint_every=1)
+    with pytest.raises(ckpt.CheckpointSpaceError) as caught:
+        trainer.fit(batches(5), steps=3, run_dir=run)
+    root = run / "checkpoints"
+    assert str(caught.value) == (
+        f"checkpoint of step 2: no space left on the device of {root}; the newest, "
+        f"{root / 'step_00000001'}, is intact"
+    )
+    assert sorted(os.listdir(root)) == ["step_00000001"]  # no .tmp- leftovers
+    monkeypatch.setattr(ckpt, "_checkpointer", real)
+    restored = ckpt.latest(run, expected_leaves=None)
+    assert restored is not None and restored.step == 1
+    assert not ckpt._out_of_space(ValueError("shape mismatch"))
+    assert ckpt._out_of_space(RuntimeError("RESOURCE_EXHAUSTED: Error writing local file"))
+    assert re.search("no space", str(caught.value))
+
+
 def test_corrupt_checkpoint_is_skipped(model, tmp_path):
     obj = LMObjective(model, SEQ, ema_decay=None)
     run = tmp_path / "run"

@@ -28,7 +28,9 @@ the saved bits exactly.
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -113,6 +115,27 @@ def _checkpointer() -> Any:
     return ocp.Checkpointer(ocp.StandardCheckpointHandler())
 
 
+class CheckpointSpaceError(OSError):
+    """The device holding the checkpoints is full; the partial checkpoint was removed and
+    the earlier ones are untouched."""
+
+
+def _out_of_space(err: BaseException | None) -> bool:
+    """Whether ``err`` (or what caused it) is a full device, however orbax/tensorstore
+    worded it."""
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+        text = str(err)
+        if "No space left on device" in text or (
+            "RESOURCE_EXHAUSTED" in text and "writ" in text.lower()
+        ):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
 def save(
     run_dir: str | os.PathLike[str],
     state: Any,
@@ -126,7 +149,38 @@ def save(
 
     A collective: every process of the run calls it with the same arguments, and each writes
     the shards it holds. ``position`` is the number of batches the data stream has given.
+    A full device raises ``CheckpointSpaceError`` in one sentence naming the directory and
+    the newest checkpoint left intact; the partial one is removed. Orbax's own error log
+    (a traceback per writer thread) is silenced while it saves: the raised error says it.
     """
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.CRITICAL)
+    try:
+        return _save(run_dir, state, step=step, position=position, keep=keep, extra=extra)
+    except Exception as err:
+        if not _out_of_space(err):
+            raise
+        root = os.path.abspath(checkpoint_dir(run_dir))
+        shutil.rmtree(os.path.join(root, f".tmp-step_{int(step):08d}"), ignore_errors=True)
+        kept = list_checkpoints(run_dir)
+        newest = f"the newest, {kept[-1][1]}, is intact" if kept else "there is no earlier one"
+        raise CheckpointSpaceError(
+            f"checkpoint of step {int(step)}: no space left on the device of {root}; {newest}"
+        ) from None
+    finally:
+        absl.setLevel(level)
+
+
+def _save(
+    run_dir: str | os.PathLike[str],
+    state: Any,
+    *,
+    step: int,
+    position: int,
+    keep: int,
+    extra: dict[str, Any] | None,
+) -> str:
     root = os.path.abspath(checkpoint_dir(run_dir))
     name = f"step_{int(step):08d}"
     final = os.path.join(root, name)
