@@ -123,7 +123,7 @@ def test_fresh_moves_the_old_run_aside_and_resume_from_picks_a_checkpoint(tmp_pa
         (["--fresh", "--resume-from", "1"], "run.fresh: starts over, while run.resume_from"),
     ]:  # fmt: skip
         bad = run([*base, "--steps", "3", *flags], cwd=tmp_path)
-        assert bad.returncode == 1, bad.stderr
+        assert bad.returncode == 2, bad.stderr
         assert bad.stderr.strip().splitlines() == [
             line for line in bad.stderr.strip().splitlines() if line.startswith("dew: error: ")
         ]
@@ -156,7 +156,7 @@ def test_pretrained_takes_a_hub_id_from_the_hugging_face_cache(tmp_path):
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert "trained to step 1" in loaded.stdout
     missing = dew("--run-dir", "third", "--pretrained", "org/absent")
-    assert missing.returncode == 1
+    assert missing.returncode == 2
     (line,) = missing.stderr.strip().splitlines()
     assert line.startswith(
         "dew: error: model.pretrained: no such directory 'org/absent', and the Hugging Face "

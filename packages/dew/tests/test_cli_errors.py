@@ -33,7 +33,7 @@ def work(tmp_path_factory):
     return base, tok
 
 
-def error_line(capsys, argv, code=1):
+def error_line(capsys, argv, code=2):
     """Run ``dew argv``; return its only stderr line (no traceback, the expected status)."""
     try:
         status = main(argv)
@@ -91,6 +91,20 @@ def write(path: Path, rows) -> Path:
         (["--set", "run.batch=four"], "dew: error: run.batch: expected an integer, got 'four'"),
         (["--layers", "0"], "dew: error: model.num_layers: expected a number > 0, got 0"),
         (["--export-dtype", "int8"], "dew: error: run.export_dtype: expected one of bfloat16, float32, float16, got 'int8'"),
+        (["--batch", "0"], "dew: error: run.batch: expected a number > 0, got 0"),
+        (["--log-every", "0"], "dew: error: run.log_every: expected a number > 0, got 0"),
+        (["--checkpoint-every", "-5"], "dew: error: run.checkpoint_every: expected a number > 0, got -5"),
+        (["--set", "run.keep=0"], "dew: error: run.keep: expected a number > 0, got 0"),
+        (["--eval-every", "0"], "dew: error: run.eval_every: expected a number > 0, got 0"),
+        (["--heads", "-2"], "dew: error: model.num_heads: expected a number > 0, got -2"),
+        (["--emb-features", "0"], "dew: error: model.emb_features: expected a number > 0, got 0"),
+        (["--clip", "-1"], "dew: error: optimizer.clip: expected a number >= 0, got -1"),
+        (["--clip", "nan"], "dew: error: optimizer.clip: expected a finite number >= 0, got nan"),
+        (["--warmup", "-1"], "dew: error: schedule.warmup_steps: expected a number >= 0, got -1"),
+        (["--optimizer", "lion"], "dew: error: optimizer.name: expected one of adam, adamw, sgd, got 'lion'"),
+        (["--trackers", "neptune"], "dew: error: run.trackers: expected names from"),
+        (["--set", "run.steps=2.5"], "dew: error: run.steps: expected an integer, got 2.5"),
+        (["--set", "model.nmae=x"], "dew: error: model.nmae: unknown key; did you mean 'name'?"),
     ],
 )  # fmt: skip
 def test_bad_values_are_one_line_naming_the_key(work, capsys, extra, message):
@@ -524,13 +538,13 @@ def test_debug_shows_the_traceback_and_plain_runs_do_not(tmp_path):
             str(tmp_path / "none.bin"), "--run-dir", str(tmp_path / "r"), "--steps", "1"]  # fmt: skip
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     plain = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    assert plain.returncode == 1
+    assert plain.returncode == 2  # the input's fault
     assert plain.stderr.strip().splitlines() == [
         f"dew: error: data.tokens: no such file or directory {str(tmp_path / 'none.bin')!r}"
     ]
     debug = subprocess.run([*argv, "--debug"], capture_output=True, text=True, env=env,
                            timeout=120)  # fmt: skip
-    assert debug.returncode == 1 and "Traceback" in debug.stderr
+    assert debug.returncode == 1 and "Traceback" in debug.stderr  # Python's own status
     assert "ConfigError: data.tokens: no such file or directory" in debug.stderr
 
 

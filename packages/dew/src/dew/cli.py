@@ -7,7 +7,10 @@ section.key=value`` overrides. Every flag is a key of that config (``--lr`` is
 before anything is read or trained (``dew.recipes.train``).
 
 Errors print one line on stderr, ``dew: error: <where>: <what was expected, what came>``,
-and exit with status 1 (2 for a bad command line); ``--debug`` shows the traceback instead.
+and exit with status 2 when the input is at fault (a flag, a config key, a data file, a
+path: what ``ValueError``, ``TypeError``, ``LookupError``, ``ImportError`` and the missing-path
+``OSError`` subclasses say), 1 when the run itself fails (a non-finite loss, a full disk),
+130/143 on SIGINT/SIGTERM; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -322,12 +325,25 @@ def _main(argv: list[str]) -> int:
         if debug:
             raise
         print(f"dew: error: {_one_line(err)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, _INPUT_ERRORS) else 1
     name = interrupts.pending()
     if name is not None:  # arrived after the last training step (or with none to stop)
         print(f"dew: interrupted by {name} (after the work in flight finished)", file=sys.stderr)
         return interrupts.exit_status(name)
     return status
+
+
+# What the input's fault raises (exit 2); anything else is the run failing (exit 1).
+_INPUT_ERRORS = (
+    ValueError,
+    TypeError,
+    LookupError,
+    ImportError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    FileExistsError,
+)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
