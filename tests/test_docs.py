@@ -251,6 +251,29 @@ def test_not_run_blocks_are_rare_and_explained() -> None:
     assert len(skipped) * 5 <= len(blocks), f"too many not-run blocks: {len(skipped)}/{len(blocks)}"
 
 
+def test_the_entry_pages_reach_everything_a_user_can_run() -> None:
+    """The index links every guide; the README names the commands beyond the quickstart
+    and the examples; getting-started lists every quickstart size and ``--flow``; the
+    quickstart's flags in getting-started are the ones its parser has."""
+    index = (DOCS / "index.md").read_text(encoding="utf-8")
+    for guide in sorted((DOCS / "guides").glob("*.md")):
+        assert f"(guides/{guide.name})" in index, f"docs/index.md does not link {guide.name}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name in ("dew train", "dew chain", "examples/", "--fresh", "--resume-from"):
+        assert name in readme, f"README.md does not mention {name}"
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        assert example.name in readme, f"README.md does not mention examples/{example.name}"
+    started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
+    from dew.quickstart.command import build_parser
+    from dew.quickstart.config import SIZES
+
+    for size in SIZES:
+        assert f"`{size}`" in started, f"getting-started does not name --size {size}"
+    flags = {flag for action in build_parser()._actions for flag in action.option_strings}
+    for flag in ("--size", "--steps", "--seed", "--flow", "--code", "--run-dir"):
+        assert flag in flags and f"`{flag}" in started, f"getting-started lacks {flag}"
+
+
 def test_guides_hold_only_python_code() -> None:
     """Every code block of a guide is Python (so it runs here) or ``text`` showing output."""
     for path in sorted((DOCS / "guides").glob("*.md")):
