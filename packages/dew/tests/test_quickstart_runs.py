@@ -60,13 +60,13 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
 def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed: int) -> None:
     """SFT and DPO each solve more of the 1000 held-out problems than their start (counted
     in solved problems, so float rounding of the accuracies cannot decide it), and DPO ranks
-    more of its pairs right; GRPO keeps held-out accuracy within two standard errors of its
-    start. The numbers differ between kinds of CPU (XLA's code and rounding follow the
+    more of its pairs right; GRPO keeps held-out accuracy within three standard errors of
+    its start. The numbers differ between kinds of CPU (XLA's code and rounding follow the
     vector unit). DPO's lift holds by design (see ``dew.quickstart.config``: +0.04 to +0.12
     over seeds and two code paths). GRPO's does not yet: after that DPO it moved accuracy by
-    -0.001 to +0.049, and by -0.07 to +0.04 under other group sizes, rates and temperatures,
-    so until its stage is redesigned this only guards against GRPO breaking the policy
-    (a rate of 1e-4 took seed 2 from 0.771 to 0.700)."""
+    -0.018 to +0.049 over seeds 0-2 and two code paths (-1.6 to +3.7 standard errors), so
+    until its stage is redesigned this only guards against GRPO breaking the policy (a rate
+    of 1e-4 took seed 2 from 0.771 to 0.700, six standard errors)."""
     run_dir = tmp_path / f"seed{seed}"
     out = finish(quickstart("--seed", str(seed), "--run-dir", str(run_dir)))
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -80,7 +80,7 @@ def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed
         assert stage["solved_after"] > stage["solved_before"], (stage["name"], out)
     assert dpo["preference_accuracy_after"] > dpo["preference_accuracy_before"], out
     drop = grpo["accuracy_before"] - grpo["accuracy_after"]
-    assert drop < 2 * grpo["standard_error_before"], out
+    assert drop < 3 * grpo["standard_error_before"], out
 
 
 def _has(path: Path) -> Callable[[], bool]:
