@@ -35,8 +35,8 @@ one machine:
   at 0.7-1.0 its updates pushed greedy accuracy down. Its rate warms up over
   ``grpo_warmup`` steps: the full first step of a fresh Adam (every weight moved by the whole
   rate) dropped the sampled reward from 0.32 to 0.08 and it never recovered.
-* GRPO does not yet lift by design: after this DPO it moved held-out accuracy by -0.001 to
-  +0.049 over the seeds measured (it lifted +0.05 to +0.085 after the old DPO, partly by
+* GRPO does not yet lift by design: after this DPO it moved held-out accuracy by -0.018 to
+  +0.049 over the seeds and code paths measured (it lifted +0.05 to +0.085 after the old DPO, partly by
   undoing that DPO's damage). From seed 2's DPO policy (0.771): a rate of 1e-4 gave 0.752,
   sampling at 0.5/0.7 gave 0.744/0.730, 16 samples of 16 prompts 0.809 (but -0.001 on seed
   1 and +0.043 on seed 0), 32 of 8 0.745, training only on prompts it answered wrong (half
