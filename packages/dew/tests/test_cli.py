@@ -164,6 +164,37 @@ def test_pretrained_takes_a_hub_id_from_the_hugging_face_cache(tmp_path):
     ), line
 
 
+def test_mlflow_gets_the_config_as_params_and_a_resumed_eta_skips_the_restore(
+    tmp_path, monkeypatch
+):
+    """Through the command: the MLflow run holds the resolved config as params; off a
+    terminal, the first line after a resume says ETA ? (its time is the restore and the
+    compilation) and the next gives a time."""
+    import re
+
+    rng = np.random.default_rng(4)
+    write_tokens(tmp_path / "tokens.bin", rng.integers(0, 50, size=2000))
+    base = ["train", "lm", "--tokens", "tokens.bin", "--run-dir", "run", "--seq-len", "16",
+            "--eos-id", "0", "--checkpoint-every", "3", "--trackers", "mlflow", *TINY]  # fmt: skip
+    first = run([*base, "--steps", "3"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run([*base, "--steps", "6"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = [x for x in again.stderr.splitlines() if x.startswith("dew: step ")]
+    assert [x.split("  ")[0] for x in lines] == ["dew: step 4/6", "dew: step 5/6", "dew: step 6/6"]
+    assert lines[0].endswith("ETA ?") and re.search(r"ETA \d+:\d\d:\d\d$", lines[1]), lines
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    run_id = (tmp_path / "run" / "mlflow_run_id").read_text().strip()
+    client = MlflowClient(tracking_uri="file:" + str(tmp_path / "run" / "mlruns"))
+    params = client.get_run(run_id).data.params
+    assert params["kind"] == "lm" and params["run.steps"] == "3"  # the config that made it
+    assert params["optimizer.learning_rate"] == "0.01" and params["data.seq_len"] == "16"
+    losses = client.get_metric_history(run_id, "loss")
+    assert sorted(m.step for m in losses) == [1, 2, 3, 4, 5, 6]
+
+
 def test_train_sft(tmp_path, capsys):
     tok = build_tokenizer(str(tmp_path / "tok"))
     data = tmp_path / "chat.jsonl"
