@@ -295,7 +295,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dew import interrupts
 
     with interrupts.recording():  # before anything slow: a signal is never lost or half-raised
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        status = _main(list(sys.argv[1:] if argv is None else argv))
+    if argv is None and status == 1:
+        # The run failed (a full disk, a non-finite loss) and its line is printed; orbax's
+        # writer threads can still print tracebacks while the interpreter shuts down, so
+        # the console script leaves without that shutdown. In-process callers get a status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    return status
 
 
 def _main(argv: list[str]) -> int:

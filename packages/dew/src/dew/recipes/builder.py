@@ -155,7 +155,7 @@ def pretrained_directory(name: str) -> str:
     if os.path.exists(name):
         raise ConfigError(f"model.pretrained: {name!r} is a file; expected a model directory")
     if not looks_like_hub_id(name):
-        raise ConfigError(f"model.pretrained: no such directory {name!r}")
+        raise FileNotFoundError(f"model.pretrained: no such directory {name!r}")
     try:
         from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
     except ImportError:
@@ -168,7 +168,7 @@ def pretrained_directory(name: str) -> str:
         local: str = snapshot_download(name, allow_patterns=patterns)
     except Exception as err:  # not cached and no network, or no such repository
         reason = " ".join(str(err).split())[:160] or type(err).__name__
-        raise ConfigError(
+        raise FileNotFoundError(
             f"model.pretrained: no such directory {name!r}, and the Hugging Face cache does "
             f"not hold it either ({type(err).__name__}: {reason})"
         ) from None

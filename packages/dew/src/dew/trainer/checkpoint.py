@@ -136,6 +136,42 @@ def _out_of_space(err: BaseException | None) -> bool:
     return False
 
 
+#: What a checkpoint writes besides its arrays (orbax's manifests, metadata, meta.json).
+SPACE_OVERHEAD = 256 * 1024
+
+
+def _local_bytes(state: Any) -> int:
+    """Bytes of the array data this process holds (its shards only)."""
+    total = 0
+    for leaf in jax.tree_util.tree_leaves(state):
+        if isinstance(leaf, jax.Array):
+            total += sum(int(s.data.nbytes) for s in leaf.addressable_shards)
+        elif hasattr(leaf, "nbytes"):
+            total += int(leaf.nbytes)
+    return total
+
+
+def _check_space(run_dir: str | os.PathLike[str], state: Any, step: int) -> None:
+    """Refuse to start a checkpoint the device cannot hold (before orbax writes anything,
+    so a full disk never half-writes one); ``CheckpointSpaceError`` names what is there."""
+    root = os.path.abspath(checkpoint_dir(run_dir))
+    probe = root
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return
+    need = _local_bytes(state) + SPACE_OVERHEAD
+    if free < need:
+        kept = list_checkpoints(run_dir)
+        newest = f"the newest, {kept[-1][1]}, is intact" if kept else "there is no earlier one"
+        raise CheckpointSpaceError(
+            f"checkpoint of step {int(step)}: no space left on the device of {root} "
+            f"({free} bytes free, about {need} needed); {newest}"
+        )
+
+
 def save(
     run_dir: str | os.PathLike[str],
     state: Any,
@@ -153,11 +189,12 @@ def save(
     the newest checkpoint left intact; the partial one is removed. Orbax's own error log
     (a traceback per writer thread) is silenced while it saves: the raised error says it.
     """
+    _check_space(run_dir, state, step)
     absl = logging.getLogger("absl")
     level = absl.level
     absl.setLevel(logging.CRITICAL)
     try:
-        return _save(run_dir, state, step=step, position=position, keep=keep, extra=extra)
+        path = _save(run_dir, state, step=step, position=position, keep=keep, extra=extra)
     except Exception as err:
         if not _out_of_space(err):
             raise
@@ -168,8 +205,10 @@ def save(
         raise CheckpointSpaceError(
             f"checkpoint of step {int(step)}: no space left on the device of {root}; {newest}"
         ) from None
-    finally:
-        absl.setLevel(level)
+    # restored only after a save that worked: after a failure, orbax's writer threads may
+    # still log the same error (the raised one already says it)
+    absl.setLevel(level)
+    return path
 
 
 def _save(
