@@ -29,7 +29,6 @@ values are checked for type and range before anything is built.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Literal
 
 from dew.checks import is_int
@@ -148,31 +147,11 @@ def pretrained_directory(name: str) -> str:
     """The local directory of ``model.pretrained``: ``name`` itself, or, for a Hub id
     (``org/name``), its snapshot in the Hugging Face cache (downloaded when the network
     allows; with ``HF_HUB_OFFLINE=1`` or no network, only what the cache holds)."""
-    from dew.data.chat.template import looks_like_hub_id
+    from dew.data.chat.template import local_or_hub_directory
 
-    if os.path.isdir(name):
-        return name
-    if os.path.exists(name):
-        raise ConfigError(f"model.pretrained: {name!r} is a file; expected a model directory")
-    if not looks_like_hub_id(name):
-        raise FileNotFoundError(f"model.pretrained: no such directory {name!r}")
-    try:
-        from huggingface_hub import snapshot_download  # type: ignore[import-not-found]
-    except ImportError:
-        raise ConfigError(
-            f"model.pretrained: no such directory {name!r}; as a Hub id it needs "
-            "huggingface_hub (pip install 'dew[hf]')"
-        ) from None
-    patterns = ["config.json", "*.safetensors", "*.safetensors.index.json"]
-    try:
-        local: str = snapshot_download(name, allow_patterns=patterns)
-    except Exception as err:  # not cached and no network, or no such repository
-        reason = " ".join(str(err).split())[:160] or type(err).__name__
-        raise FileNotFoundError(
-            f"model.pretrained: no such directory {name!r}, and the Hugging Face cache does "
-            f"not hold it either ({type(err).__name__}: {reason})"
-        ) from None
-    return local
+    patterns = ("config.json", "*.safetensors", "*.safetensors.index.json")
+    failed = ", and the Hugging Face cache does not hold it either"
+    return local_or_hub_directory(name, "model.pretrained", "model", patterns, failed)
 
 
 def build_model(

@@ -146,16 +146,23 @@ TOKENIZER_FILES = (
 )
 
 
-def tokenizer_directory(name: str | os.PathLike[str], field: str = "tokenizer") -> str:
-    """The local directory of a tokenizer: ``name`` itself, or the Hub snapshot of the files
-    in ``TOKENIZER_FILES`` (the ``hf`` extra). ``field`` names the argument in errors: a
-    missing directory is said first, and a failed Hub lookup only for names that could be
-    Hub ids."""
+def local_or_hub_directory(
+    name: str | os.PathLike[str],
+    field: str,
+    kind: str,
+    patterns: Sequence[str],
+    lookup_failed: str = "; looked up as a Hub name, it failed too",
+) -> str:
+    """``name`` when it is a local directory, else the Hugging Face snapshot of the files
+    matching ``patterns`` for a name that could be a Hub id. Errors name ``field``: a file
+    (``ValueError``, "expected a ``kind`` directory"), a missing directory
+    (``FileNotFoundError``; ``lookup_failed`` and the Hub's reason follow for Hub-like names).
+    """
     path = os.fspath(name)
     if os.path.isdir(path):
         return path
     if os.path.exists(path):
-        raise ValueError(f"{field}: {path!r} is a file; expected a tokenizer directory")
+        raise ValueError(f"{field}: {path!r} is a file; expected a {kind} directory")
     if not looks_like_hub_id(path):
         raise FileNotFoundError(f"{field}: no such directory {path!r}")
     try:
@@ -166,14 +173,19 @@ def tokenizer_directory(name: str | os.PathLike[str], field: str = "tokenizer") 
             "'hf' extra (pip install 'dew[hf]')"
         ) from err
     try:
-        local: str = snapshot_download(path, allow_patterns=list(TOKENIZER_FILES))
+        local: str = snapshot_download(path, allow_patterns=list(patterns))
     except Exception as err:  # offline, unknown repo, no network: one line that says so
         reason = " ".join(str(err).split())[:160] or type(err).__name__
         raise FileNotFoundError(
-            f"{field}: no such directory {path!r}; looked up as a Hub name, it failed too "
-            f"({type(err).__name__}: {reason})"
+            f"{field}: no such directory {path!r}{lookup_failed} ({type(err).__name__}: {reason})"
         ) from None
     return local
+
+
+def tokenizer_directory(name: str | os.PathLike[str], field: str = "tokenizer") -> str:
+    """The local directory of a tokenizer: ``name`` itself, or the Hub snapshot of the files
+    in ``TOKENIZER_FILES`` (the ``hf`` extra); see ``local_or_hub_directory``."""
+    return local_or_hub_directory(name, field, "tokenizer", TOKENIZER_FILES)
 
 
 def load_chat_tokenizer(name: str | os.PathLike[str], field: str = "tokenizer") -> ChatTokenizer:
