@@ -121,7 +121,7 @@ def parity(session: nox.Session) -> None:
 def quickstart(session: nox.Session) -> None:
     """Whole ``dew quickstart`` runs (marker ``quickstart``, minutes long, so the other
     sessions deselect them): the default preset on seeds 0, 1 and 2 lifts held-out accuracy
-    through SFT and DPO while GRPO keeps it within three standard errors, and a run killed
+    at every stage, GRPO by at least 0.05 beyond one standard error, and a run killed
     inside SFT, DPO and GRPO resumes to the result of an uninterrupted run."""
     _sync(session, "--package", "dew", "--exact")
     session.install(*TEST_TOOLS)

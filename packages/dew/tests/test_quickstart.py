@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from dew.quickstart.config import Settings
 from dew.quickstart.evaluate import Accuracy, changed, standard_error
 from dew.quickstart.pairs import Pair, PreferenceCheck, parting_index
 from dew.quickstart.plot import StageSeries, write_plot
+from dew.quickstart.stages import careless
 from dew.quickstart.task import Problem, all_problems, split
 from dew.quickstart.tokenizer import END, build_tokenizer, token_id
 from dew.rewards import MathReward
@@ -50,6 +52,40 @@ def test_worked_answers_box_the_exact_result_and_slips_do_not():
         assert reward("", problem.worked(), str(exact), "") == 1.0
         assert reward("", problem.wrong(rng), str(exact), "") == 0.0
     assert all_problems(100)[0].worked() == "0+0=0 \\boxed{0}"
+
+
+def test_the_careless_tutor_drops_hundreds_and_forgets_borrows_and_nothing_else():
+    reward = MathReward()
+    kinds = {"hundreds": 0, "borrow": 0, "none": 0}
+    for problem in all_problems(100):
+        careless = problem.careless()
+        steps = problem.worked().rsplit(" ", 1)[0]
+        if problem.op == "+" and problem.answer >= 100:
+            kinds["hundreds"] += 1  # the steps are right, the box lacks its leading 1
+            assert careless == steps + f" \\boxed{{{problem.answer - 100}}}"
+        elif problem.op == "-" and problem.a >= 10 and problem.a % 10 < problem.b % 10:
+            kinds["borrow"] += 1  # the borrow into the tens column is forgotten
+            assert careless == problem.worked(1) and careless.split(" ")[0] == steps.split(" ")[0]
+        else:
+            kinds["none"] += 1
+            assert careless is None
+            continue
+        assert reward("", careless, str(problem.answer), "") == 0.0
+    assert kinds == {"hundreds": 4950, "borrow": 2025, "none": 8075}
+    assert Problem(95, "+", 48).careless() == "5+8=13 9+4+1=14 \\boxed{43}"
+    assert Problem(52, "-", 17).careless() == "12-7=5 5-1=4 \\boxed{45}"
+
+
+def test_careless_demonstrations_are_a_seeded_share_of_the_problems_that_have_one():
+    problems = split(100, 1000, seed=0).train
+    eligible = [p.careless() is not None for p in problems]
+    picked = careless(problems, 0.7, seed=0)
+    assert picked == careless(problems, 0.7, seed=0) != careless(problems, 0.7, seed=1)
+    assert not any(c and not e for c, e in zip(picked, eligible, strict=True))
+    share = sum(picked) / sum(eligible)
+    assert abs(share - 0.7) < 3 * np.sqrt(0.7 * 0.3 / sum(eligible))
+    assert not any(careless(problems, 0.0, seed=0))
+    assert careless(problems, 1.0, seed=0) == eligible
 
 
 def test_tokenizer_reads_digits_one_by_one_and_round_trips():
@@ -211,6 +247,14 @@ def test_tiny_run_writes_summary_metrics_plot_and_resumes(tmp_path, capsys):
         assert pair["chosen_text"] != pair["rejected_text"]
     for side in ("before", "after"):
         assert 0.0 <= dpo[f"preference_accuracy_{side}"] <= 1.0
+    assert all("+" in pair["question"] for pair in pairs)  # DPO draws additions only
+    settings = Settings.for_size("tiny", steps=0.5)
+    train = split(settings.limit, settings.held_out, settings.seed).train
+    slips = careless(train, settings.sft_slip_rate, settings.seed)
+    sft = [json.loads(line) for line in open(os.path.join(run_dir, "data", "sft.jsonl"))]
+    answers = [row["messages"][1]["content"] for row in sft]
+    assert answers == [p.careless() if c else p.worked() for p, c in zip(train, slips)]
+    assert 0 < sum(slips) < sum(p.careless() is not None for p in train)
 
     image = read_image(os.path.join(run_dir, "plot.png"))
     assert image.shape[0] > 400 and image.shape[1] > 600
@@ -273,6 +317,16 @@ def test_settings_scale_steps_and_refuse_unknown_sizes():
         Settings.for_size("huge")
     with pytest.raises(ValueError, match="steps"):
         Settings.for_size("tiny", steps=0)
+
+
+def test_settings_refuse_a_slip_rate_outside_0_1_and_unknown_dpo_operators() -> None:
+    base = Settings.for_size("tiny")
+    assert base.sft_slip_rate == 0.7 and base.dpo_operators == "+"
+    with pytest.raises(ValueError, match=r"sft_slip_rate: expected a share in \[0, 1\], got 1.5"):
+        dataclasses.replace(base, sft_slip_rate=1.5)
+    for bad in ("", "*", "+*"):
+        with pytest.raises(ValueError, match="dpo_operators: expected"):
+            dataclasses.replace(base, dpo_operators=bad)
 
 
 def test_code_form_of_a_problem() -> None:

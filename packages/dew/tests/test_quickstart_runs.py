@@ -58,15 +58,15 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed: int) -> None:
-    """SFT and DPO each solve more of the 1000 held-out problems than their start (counted
-    in solved problems, so float rounding of the accuracies cannot decide it), and DPO ranks
-    more of its pairs right; GRPO keeps held-out accuracy within three standard errors of
-    its start. The numbers differ between kinds of CPU (XLA's code and rounding follow the
-    vector unit). DPO's lift holds by design (see ``dew.quickstart.config``: +0.04 to +0.12
-    over seeds and two code paths). GRPO's does not yet: after that DPO it moved accuracy by
-    -0.018 to +0.049 over seeds 0-2 and two code paths (-1.6 to +3.7 standard errors), so
-    until its stage is redesigned this only guards against GRPO breaking the policy (a rate
-    of 1e-4 took seed 2 from 0.771 to 0.700, six standard errors)."""
+    """SFT, DPO and GRPO each solve more of the 1000 held-out problems than their start
+    (counted in solved problems, so float rounding of the accuracies cannot decide it), GRPO
+    by at least 0.05 more than one standard error, and DPO ranks more of its pairs right.
+
+    The numbers differ between kinds of CPU (XLA's code and rounding follow the vector unit);
+    the lifts hold by design (``dew.quickstart.config``): SFT learns a careless tutor's two
+    habits, DPO's pairs (additions only) remove the dropped hundreds and GRPO's reward the
+    forgotten borrow. Measured: DPO +0.21 to +0.28 and GRPO +0.10 to +0.18 over seeds 0-2 and
+    two code paths, each more than ten standard errors."""
     run_dir = tmp_path / f"seed{seed}"
     out = finish(quickstart("--seed", str(seed), "--run-dir", str(run_dir)))
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -75,12 +75,11 @@ def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed
     assert [s["name"] for s in stages] == ["sft", "dpo", "grpo"]
     for stage in stages:
         assert stage["held_out"] == 1000
-    sft, dpo, grpo = stages
-    for stage in (sft, dpo):
         assert stage["solved_after"] > stage["solved_before"], (stage["name"], out)
+    sft, dpo, grpo = stages
     assert dpo["preference_accuracy_after"] > dpo["preference_accuracy_before"], out
-    drop = grpo["accuracy_before"] - grpo["accuracy_after"]
-    assert drop < 3 * grpo["standard_error_before"], out
+    lift = grpo["accuracy_after"] - grpo["accuracy_before"]
+    assert lift >= 0.05 + grpo["standard_error_before"], out
 
 
 def _has(path: Path) -> Callable[[], bool]:

@@ -3,50 +3,44 @@
 ``Settings.for_size(size, steps=..., seed=...)`` gives the preset of a size scaled by
 ``steps`` (every stage's step count is multiplied and rounded, at least 2 steps each).
 
-The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 350 SFT, 120 DPO and
+The ``small`` preset (a 2-layer, 64-wide decoder, about 148k parameters; 600 SFT, 120 DPO and
 200 GRPO steps; 1000 held-out problems) is the default; ``medium`` is the same decoder with
-500 SFT steps. ``tiny`` only exercises the machinery (tests); it learns little. Measured
+900 SFT steps. ``tiny`` only exercises the machinery (tests); it learns little. Measured
 results, with the machine they came from, are in the README.
 
 Why the stages look the way they do. XLA emits different CPU code for AVX2, AVX-512 and
 AMX machines, and the rounding follows the code, so after a few hundred optimizer steps two
-kinds of CPU hold different models for the same seed. A stage must therefore lift held-out
-accuracy by design, with a margin over the noise, not by a tuning that happened to work on
-one machine:
+kinds of CPU hold different models for the same seed. Each stage must therefore lift held-out
+accuracy by design, by a margin far above the noise, not by a tuning that happened to work on
+one machine. The design gives each stage its own mistake to remove:
 
-* Held-out set: 1000 problems, so one binomial standard error is at most 0.016 (200
-  problems gave 0.035, as large as the lifts being measured).
+* SFT learns from a careless tutor (``sft_slip_rate = 0.7``, ``Problem.careless``): seven
+  in ten of the additions whose result reaches 100 are boxed without their hundreds digit,
+  and seven in ten of the subtractions that borrow from the tens column forget the borrow.
+  Everything else is worked right. SFT trains long enough (600 steps) to learn the digits
+  completely, so the policy it leaves is the tutor's: greedy decoding takes the majority
+  habit and gets those two kinds of problem wrong (about 0.33 and 0.13 of the held-out
+  set), while sampling still finds the right answer three times in ten. The earlier design
+  stopped SFT half-way up its learning curve, where seeds ended anywhere between 0.13 and
+  0.95 depending on the CPU kind; a converged SFT lands on 0.54-0.59 on every seed.
 * DPO is RPO (Pang et al. 2024): the sigmoid preference loss at ``dpo_beta = 0.01`` plus the
-  chosen answers' token-mean NLL at weight ``dpo_nll_weight = 1``, over ``dpo_problems =
-  2048`` drawn training questions. Each question the policy gets wrong (greedily or in
-  ``dpo_samples`` draws at ``dpo_temperature``) gives on-policy pairs; every other drawn
-  question gives an anchor pair, its worked answer against a typical slip. Measured on an
-  AVX-512 EPYC (Zen 4), seed 0 (SFT at 0.730 on 200 held-out problems): the old design
-  (beta 1, no NLL, mistakes only, 40 steps) fell to 0.690, as in the failed CI run; adding
-  the NLL alone still fell (0.685), and so did every variant whose preference term carried
-  weight: beta 0.1-1 with or without anchors (0.60-0.68), greedy-only or 4x more pairs
-  (0.615-0.71), rates of 1e-4 and 3e-4 (0.57-0.68), SGD. The pairs' wrong ids are single digits,
-  and pushing a digit down where it was wrong pushed it down where it was right
-  (``14-8=6`` became ``14-8=5`` after ``13-8=4`` was the rejected step). What lifted was the
-  NLL carrying the update with a small preference term, over the whole draw rather than only
-  the mistakes: 0.730 -> 0.745 at 40 steps, 0.755 at 120 steps on 2048 questions.
-* DPO's rate stays at 3e-5 with no warm-up: 1e-4 and above lowered accuracy in every variant.
-* GRPO samples at a low temperature (0.3, the objective scoring at the same temperature);
-  at 0.7-1.0 its updates pushed greedy accuracy down. Its rate warms up over
-  ``grpo_warmup`` steps: the full first step of a fresh Adam (every weight moved by the whole
-  rate) dropped the sampled reward from 0.32 to 0.08 and it never recovered.
-* GRPO does not yet lift by design: after this DPO it moved held-out accuracy by -0.018 to
-  +0.049 over the seeds and code paths measured (it lifted +0.05 to +0.085 after the old DPO, partly by
-  undoing that DPO's damage). From seed 2's DPO policy (0.771): a rate of 1e-4 gave 0.752,
-  sampling at 0.5/0.7 gave 0.744/0.730, 16 samples of 16 prompts 0.809 (but -0.001 on seed
-  1 and +0.043 on seed 0), 32 of 8 0.745, training only on prompts it answered wrong (half
-  of them) 0.781. Its sampled reward rises while greedy accuracy wanders: at temperature 0.3
-  a question the greedy answer gets wrong rarely has a right sample, so most of the signal
-  sharpens what greedy already does.
-* SFT stops at 350 steps. It sits on a cliff there: at 420 steps the three seeds ended at
-  0.28, 0.86 and 0.95, and from 0.95 GRPO had no room left (0.960 -> 0.954). At 350 the
-  seeds end lower, leaving mistakes for DPO and GRPO. Where on the cliff a seed lands is
-  the least stable quantity of the run across CPU kinds.
+  chosen answers' token-mean NLL at weight ``dpo_nll_weight = 1``, on ``dpo_problems =
+  2048`` training questions drawn from the additions only (``dpo_operators = "+"``, a
+  preference set that covers part of the task, as collected ones do). The pairs are the
+  policy's own wrong answers against the right id where they part (on-policy), plus an
+  anchor pair (worked answer against a typical slip) for each drawn question it got right.
+  It removes the dropped hundreds; the forgotten borrow is left. (With the preference term
+  carrying the update, beta 0.1-1, the old design lowered accuracy; the NLL carrying it with
+  a small preference term lifts.) Its rate stays at 3e-5 with no warm-up.
+* GRPO's reward checks every question, subtractions included. Sampling at ``grpo_temperature
+  = 0.3`` the policy still writes the borrow now and then, the exact-answer reward prefers
+  those samples within their group, and the habit turns over; what DPO disturbed in the
+  other subtractions comes back on the way. Its rate warms up over ``grpo_warmup`` steps:
+  the full first step of a fresh Adam dropped the sampled reward from 0.32 to 0.08 in an
+  earlier design and it never recovered.
+
+Measured results (the lifts are 10-20 standard errors, on every seed and code path tried)
+and the machine they came from are in the README and the getting-started guide.
 """
 
 from __future__ import annotations
@@ -72,6 +66,8 @@ class Settings:
     emb_features, num_layers, num_heads, mlp_features: the decoder's shape.
     sft_steps, dpo_steps, grpo_steps: optimizer steps per stage.
     sft_batch: packed SFT rows per step (``sft_seq_len + 1`` tokens each).
+    sft_slip_rate: the share of the problems with a careless answer (``Problem.careless``)
+    whose SFT demonstration is that careless answer.
     dpo_batch: pairs per step. grpo_prompts: prompts per GRPO step; grpo_groups: samples each.
     *_lr: peak learning rates (SFT warms up and decays with a cosine; DPO is flat).
     grpo_warmup: GRPO (and ``code``) rises linearly from 0 over this many steps, then stays flat.
@@ -81,6 +77,7 @@ class Settings:
     dpo_samples: sampled answers per question besides the greedy one, at dpo_temperature.
     dpo_max_margin: a pair is kept when the starting policy prefers the right id by less
     than this many nats (or prefers the wrong one).
+    dpo_operators: the operators of the questions DPO draws (``"+"``, ``"-"`` or ``"+-"``).
     checkpoint_every: steps between checkpoints inside a stage (a killed run resumes there).
     dpo_beta: DPO's preference scale. dpo_nll_weight: RPO's weight of the chosen answers'
     token-mean NLL (see the module docstring for why DPO is RPO here). grpo_temperature: sampling temperature of the rollouts
@@ -101,6 +98,7 @@ class Settings:
     sft_batch: int = 32
     sft_seq_len: int = 63
     sft_lr: float = 3e-3
+    sft_slip_rate: float = 0.7
     dpo_batch: int = 32
     dpo_problems: int = 2048
     dpo_samples: int = 2
@@ -109,6 +107,7 @@ class Settings:
     dpo_beta: float = 0.01
     dpo_nll_weight: float = 1.0
     dpo_max_margin: float = 1.0
+    dpo_operators: str = "+"
     grpo_prompts: int = 32
     grpo_groups: int = 8
     grpo_lr: float = 5e-5
@@ -120,6 +119,16 @@ class Settings:
     code: bool = False
     code_steps: int = 10
     code_held_out: int = 64
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sft_slip_rate <= 1.0:
+            raise ValueError(
+                f"sft_slip_rate: expected a share in [0, 1], got {self.sft_slip_rate!r}"
+            )
+        if not self.dpo_operators or set(self.dpo_operators) - {"+", "-"}:
+            raise ValueError(
+                f"dpo_operators: expected '+', '-' or '+-', got {self.dpo_operators!r}"
+            )
 
     @classmethod
     def for_size(cls, size: str, steps: float = 1.0, seed: int = 0, code: bool = False) -> Settings:
@@ -137,12 +146,12 @@ class Settings:
         elif size == "small":
             base = dict(
                 limit=100, held_out=1000, emb_features=64, num_layers=2, num_heads=4,
-                mlp_features=256, sft_steps=350, dpo_steps=120, grpo_steps=200,
+                mlp_features=256, sft_steps=600, dpo_steps=120, grpo_steps=200,
             )  # fmt: skip
         else:
             base = dict(
                 limit=100, held_out=1000, emb_features=64, num_layers=2, num_heads=4,
-                mlp_features=256, sft_steps=500, dpo_steps=120, grpo_steps=200,
+                mlp_features=256, sft_steps=900, dpo_steps=120, grpo_steps=200,
             )  # fmt: skip
         base.setdefault("code_steps", cls.code_steps)
         for name in ("sft_steps", "dpo_steps", "grpo_steps", "code_steps"):

@@ -73,13 +73,24 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _conversation(problem: Problem) -> dict[str, Any]:
+def _conversation(problem: Problem, careless: bool = False) -> dict[str, Any]:
+    answer = problem.careless() if careless else None
+    answer = answer or problem.worked()
     return {
         "messages": [
             {"role": "user", "content": problem.question},
-            {"role": "assistant", "content": problem.worked()},
+            {"role": "assistant", "content": answer},
         ]
     }
+
+
+def careless(problems: tuple[Problem, ...], rate: float, seed: int) -> list[bool]:
+    """Which demonstrations the careless tutor writes (``Problem.careless``): each problem
+    that has a careless answer, with probability ``rate`` (a draw seeded by ``seed``)."""
+    draws = np.random.default_rng([seed, 3]).random(len(problems))
+    return [
+        p.careless() is not None and bool(u < rate) for p, u in zip(problems, draws, strict=True)
+    ]
 
 
 def _code_conversation(problem: Problem) -> dict[str, Any]:
@@ -104,7 +115,8 @@ def sft_data(ctx: Context) -> ChatMessages:
     folder = os.path.join(ctx.run_dir, "data")
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "sft.jsonl")
-    rows = [_conversation(p) for p in ctx.train]
+    slips = careless(ctx.train, ctx.settings.sft_slip_rate, ctx.settings.seed)
+    rows = [_conversation(p, slip) for p, slip in zip(ctx.train, slips, strict=True)]
     if ctx.settings.code:
         rows += [_code_conversation(p) for p in ctx.train[::4]]
     _write_jsonl(path, rows)
@@ -133,7 +145,8 @@ def dpo_pairs(ctx: Context, start: Any) -> list[Pair]:
         with open(path, encoding="utf-8") as f:
             return [_pair(json.loads(line)) for line in f if line.strip()]
     rng = np.random.default_rng([s.seed, 1])
-    picked = [ctx.train[i] for i in rng.permutation(len(ctx.train))[: s.dpo_problems]]
+    pool = [p for p in ctx.train if p.op in s.dpo_operators]
+    picked = [pool[i] for i in rng.permutation(len(pool))[: s.dpo_problems]]
     items = [
         (p.question, prompt_ids(ctx.tokenizer, p.question), response_ids(ctx, p.worked()),
          str(p.answer))

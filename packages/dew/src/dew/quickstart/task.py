@@ -93,6 +93,24 @@ class Problem:
         result = int("".join(str(d) for d in reversed(digits)))
         return steps, result
 
+    def careless(self) -> str | None:
+        """The worked answer a careless tutor writes, or ``None`` when the problem gives
+        the tutor nothing to get wrong.
+
+        An addition whose result has a hundreds digit is worked right but boxed without it
+        (``95+48``: ``5+8=13 9+4+1=14 \\boxed{43}``); a
+        subtraction that borrows from the tens column forgets the borrow there
+        (``worked(1)``). Every other problem is worked right.
+        """
+        if self.op == "+":
+            if self.answer < 100:
+                return None
+            steps, result = self.columns()
+            return " ".join(steps) + f" \\boxed{{{result - 100}}}"
+        if self.a < 10 or self.a % 10 >= self.b % 10:
+            return None
+        return self.worked(1)
+
     def worked(self, slip: int | None = None) -> str:
         """The worked answer: the column steps, then the result in ``\\boxed{}``.
 
