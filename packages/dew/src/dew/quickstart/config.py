@@ -39,7 +39,7 @@ one machine. The design gives each stage its own mistake to remove:
   the full first step of a fresh Adam dropped the sampled reward from 0.32 to 0.08 in an
   earlier design and it never recovered.
 
-Measured results (the lifts are 10-20 standard errors, on every seed and code path tried)
+Measured results (each lift at least nine standard errors, on every seed and code path tried)
 and the machine they came from are in the README and the getting-started guide.
 """
 
