@@ -20,7 +20,7 @@ import pytest
 from dew.data import Prompts
 from dew.data.chat.template import ChatTokenizer
 from dew.objectives.rl import verl
-from dew.objectives.rollouts import Call, Session, Status, pack
+from dew.sessions import Call, Session, Status, pack
 
 FIXTURES = Path(__file__).parent / "fixtures" / "verl_interop"
 

@@ -1,6 +1,6 @@
 """Audit whether a chat template keeps multi-turn histories append-only, and how sessions chain.
 
-Dew's packer (``dew.objectives.rollouts.pack``) merges call ``k + 1`` into call ``k``'s chain
+Dew's packer (``dew.sessions.pack``) merges call ``k + 1`` into call ``k``'s chain
 only when the next prompt starts with every id of the chain so far: the previous prompt and
 the ids the model sampled. Whether that happens depends on the chat template: many templates
 rewrite an earlier assistant turn when they render it as history (drop its reasoning,
@@ -191,7 +191,7 @@ def read_traces(path: str) -> dict[str, list[Any]]:
     """Calls grouped by session, in file order (one ``Call`` per line)."""
     if not os.path.isfile(path):
         raise AuditError(f"{path}: no such file")
-    from dew.objectives.rollouts import Call
+    from dew.sessions import Call
 
     sessions: dict[str, list[Any]] = {}
     with open(path, encoding="utf-8") as f:
@@ -223,8 +223,8 @@ def read_traces(path: str) -> dict[str, list[Any]]:
 
 def run_sessions(path: str) -> str:
     sessions = read_traces(path)
-    from dew.objectives.rollouts import Session
-    from dew.objectives.rollouts.chains import chains_of
+    from dew.sessions import Session
+    from dew.sessions.chains import chains_of
 
     head = ("session", "calls", "chains", "calls/chain")
     rows = []

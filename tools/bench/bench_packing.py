@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 from _rounds import Bench, add_arguments  # noqa: E402
 
-from dew.objectives.rollouts import Call, Session, chain_lengths, pack, rows_needed
+from dew.sessions import Call, Session, chain_lengths, pack, rows_needed
 
 GOAL = 0.90
 

@@ -468,7 +468,7 @@ def test_session_source_protocol_is_reexported_and_checks_structure():
     from concurrent.futures import Future
 
     from dew.objectives.rl.sessions import SessionSource
-    from dew.objectives.rollouts import SessionSource as direct
+    from dew.sessions import SessionSource as direct
 
     class Echo:
         """Answers each task at once with one completed session rewarded by its seed."""

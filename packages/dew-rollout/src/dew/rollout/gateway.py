@@ -35,10 +35,10 @@ from typing import Any
 
 import httpx
 
-from dew.objectives.rollouts.records import Call
 from dew.rollout.errors import EngineError, EngineHTTPError, MalformedResponse
 from dew.rollout.http import get_json, post_json, request_json
 from dew.rollout.traces import MalformedTrace, StampLog, calls_from_traces
+from dew.sessions.records import Call
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 

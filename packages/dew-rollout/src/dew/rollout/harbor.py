@@ -51,9 +51,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dew.objectives.rollouts.records import Call, Session, Status, Task
 from dew.rollout.errors import EngineError
 from dew.rollout.gateway import Gateway
+from dew.sessions.records import Call, Session, Status, Task
 
 TRUNCATIONS = frozenset(
     {

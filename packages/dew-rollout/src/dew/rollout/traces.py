@@ -23,8 +23,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dew.objectives.rollouts.records import Call
 from dew.rollout.errors import EngineError
+from dew.sessions.records import Call
 
 
 class MalformedTrace(EngineError):

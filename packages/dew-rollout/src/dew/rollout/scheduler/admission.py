@@ -25,8 +25,6 @@ import dataclasses
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
 
-from dew.objectives.rollouts.packing import chain_lengths, rows_needed
-from dew.objectives.rollouts.records import Session, Status
 from dew.rollout.scheduler.work import (
     ABANDONED,
     COMPLETE,
@@ -36,6 +34,8 @@ from dew.rollout.scheduler.work import (
     BatchWork,
     Entry,
 )
+from dew.sessions.packing import chain_lengths, rows_needed
+from dew.sessions.records import Session, Status
 
 Resubmit = Callable[[BatchWork, int, int], None]
 Cancel = Callable[[Entry], None]

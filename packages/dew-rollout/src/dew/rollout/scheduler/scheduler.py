@@ -36,17 +36,17 @@ import numpy as np
 
 from dew.checks import is_int
 from dew.data.dataset import Dataset
-from dew.objectives.rollouts.chains import TRUNCATIONS
 from dew.objectives.rollouts.episodes.cohort import agree_on_failure
-from dew.objectives.rollouts.metrics import session_metrics
-from dew.objectives.rollouts.packing import pack
-from dew.objectives.rollouts.records import Session, check_choice
 from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules
 from dew.rollout.scheduler.journal import WeightJournal
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
 from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
+from dew.sessions.chains import TRUNCATIONS
+from dew.sessions.metrics import session_metrics
+from dew.sessions.packing import pack
+from dew.sessions.records import Session, check_choice
 from dew.trainer.mesh import data_mesh, global_batch
 
 

@@ -24,8 +24,8 @@ import numpy as np
 
 from dew.data.dataset import Dataset, Partition
 from dew.data.prompts import decode_text
-from dew.objectives.rollouts.records import Task
 from dew.rollout.sources.prompt import TEXT_FIELDS, prompt_task
+from dew.sessions.records import Task
 
 Batch = Mapping[str, Any]
 TaskReader = Callable[[Batch], list[Task]]

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from dew.objectives.rollouts.records import Session, Task
+from dew.sessions.records import Session, Task
 
 OPEN, COMPLETE, ABANDONED, CUT, DROPPED = "open", "complete", "abandoned", "cut", "dropped"
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rollouts.records import Call, Session, Status, Task
 from dew.rollout.draw import Draw
+from dew.sessions.records import Call, Session, Status, Task
 
 
 def resolve(future: Future[Session], session: Session) -> bool:

@@ -43,7 +43,6 @@ from dew.objectives.rollouts.episodes.protocol import (
     Transition,
     as_observation,
 )
-from dew.objectives.rollouts.records import Call, Session, Status, Task
 from dew.rollout.draw import Draw
 from dew.rollout.sources._common import (
     call_of,
@@ -56,6 +55,7 @@ from dew.rollout.sources._common import (
     resolve,
     turn_seed,
 )
+from dew.sessions.records import Call, Session, Status, Task
 
 _STATUS = {
     EpisodeStatus.COMPLETED: Status.COMPLETED,

@@ -1,6 +1,6 @@
 """GRPO over packed session rows, composed from ``dew.rl``.
 
-The batch is what ``dew.objectives.rollouts.pack`` writes: ``[B, W]`` rows of chains with
+The batch is what ``dew.sessions.pack`` writes: ``[B, W]`` rows of chains with
 ``input_ids``, ``text_segment_ids``, ``text_positions``, ``response_mask``, ``advantages``,
 ``behavior_log_probs``, ``session_index`` and, when a proximal policy was recorded or
 rescored, ``old_log_probs``. ``W = seq_len + 1``: the objective predicts ``seq_len`` next

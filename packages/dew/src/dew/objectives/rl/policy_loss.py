@@ -1,7 +1,7 @@
 """GRPO's policy loss over per-token log-probs, composed as correction -> surrogate -> aggregation.
 
 ``compute_policy_loss(log_probs, batch, options, ref_log_probs)`` runs four small steps over a packed
-batch (``[B, W]`` columns as ``dew.objectives.rollouts.pack`` writes them):
+batch (``[B, W]`` columns as ``dew.sessions.pack`` writes them):
 
 1. ``read_inputs``: the trainable mask, advantages, and which likelihoods play *old* and
    *proximal*, by mode (below).

@@ -1,17 +1,17 @@
-"""Deprecated alias of the session records, packing and metrics in ``dew.objectives.rollouts``.
+"""The session records and helpers, reachable as ``dew.objectives.rl.sessions``.
 
-Kept for one release so existing imports keep working; import from ``dew.objectives.rollouts``
-(or its modules ``records``, ``source``, ``advantages``, ``packing``, ``metrics``) instead.
-``SessionSource``, the protocol of a harness that turns a ``Task`` into a future ``Session``,
-is found here too.
+The code lives in ``dew.sessions`` (its modules ``records``, ``source``, ``chains``,
+``advantages``, ``packing``, ``metrics``); this module names the same objects under the path
+the RL objectives are imported from. ``SessionSource``, the protocol of a harness that turns a
+``Task`` into a future ``Session``, is found here too.
 """
 
-from dew.objectives.rollouts.advantages import ESTIMATORS, GROUP_EPSILON, group_advantages
-from dew.objectives.rollouts.chains import TRUNCATIONS
-from dew.objectives.rollouts.metrics import session_metrics
-from dew.objectives.rollouts.packing import chain_lengths, pack, rows_needed
-from dew.objectives.rollouts.records import Call, Session, Status, Task
-from dew.objectives.rollouts.source import SessionSource
+from dew.sessions.advantages import ESTIMATORS, GROUP_EPSILON, group_advantages
+from dew.sessions.chains import TRUNCATIONS
+from dew.sessions.metrics import session_metrics
+from dew.sessions.packing import chain_lengths, pack, rows_needed
+from dew.sessions.records import Call, Session, Status, Task
+from dew.sessions.source import SessionSource
 
 __all__ = [
     "Call",

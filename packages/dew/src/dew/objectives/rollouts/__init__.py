@@ -1,19 +1,11 @@
 """Rollout machinery that runs inside the trainer, apart from the losses (host side).
 
-- ``records``: ``Call``, ``Session``, ``Status``, ``Task`` and their validation.
-- ``source``: ``SessionSource``, the protocol of anything that turns a ``Task`` into a future
-  ``Session`` (``submit(task, seed=)``, ``cancel(future)``).
-- ``chains``: which sessions train and how a session's calls join into chains.
-- ``advantages``: group-relative advantages of session rewards (``group_advantages``).
-- ``packing``: ``pack`` (sessions -> one ``[rows, width]`` GRPO batch), ``rows_needed``,
-  ``chain_lengths``.
-- ``metrics``: ``session_metrics``, host diagnostics of one batch of sessions.
+- the session records, chains, advantages, packing, metrics and verl interop moved to
+  ``dew.sessions``; their names are still found here.
 - ``sampled``: ``SampledRollout``, the Trainer's ``rollout=`` hook that samples completions
   with ``dew.inference``, scores them with a reward function and packs them.
 - ``ppo``: ``PPORollout`` and ``episode_targets`` (GAE over packed episodes for PPO).
 - ``policy``: ``SubtreePolicy``, a sampler bound to the policy part of a larger tree.
-- ``verl``: ``to_verl``/``from_verl``, sessions to verl ``AgentLoopOutput`` rows and back
-  (``verl_rows`` reads and checks one row).
 
 Names resolve lazily, so reading the records does not import the inference engine.
 """
@@ -24,30 +16,30 @@ import importlib
 from typing import Any
 
 _NAMES: dict[str, str] = {
-    "Call": "records",
-    "Session": "records",
-    "Status": "records",
-    "Task": "records",
-    "SessionSource": "source",
-    "TRUNCATIONS": "chains",
-    "ESTIMATORS": "advantages",
-    "GROUP_EPSILON": "advantages",
-    "group_advantages": "advantages",
-    "chain_lengths": "packing",
-    "pack": "packing",
-    "rows_needed": "packing",
-    "session_metrics": "metrics",
-    "RewardError": "sampled",
-    "SampledRollout": "sampled",
-    "default_decode": "sampled",
-    "PPORollout": "ppo",
-    "SingleActionError": "ppo",
-    "episode_targets": "ppo",
-    "SubtreePolicy": "policy",
-    "VerlRowError": "verl",
-    "VerlTrajectory": "verl",
-    "from_verl": "verl",
-    "to_verl": "verl",
+    "Call": "dew.sessions.records",
+    "Session": "dew.sessions.records",
+    "Status": "dew.sessions.records",
+    "Task": "dew.sessions.records",
+    "SessionSource": "dew.sessions.source",
+    "TRUNCATIONS": "dew.sessions.chains",
+    "ESTIMATORS": "dew.sessions.advantages",
+    "GROUP_EPSILON": "dew.sessions.advantages",
+    "group_advantages": "dew.sessions.advantages",
+    "chain_lengths": "dew.sessions.packing",
+    "pack": "dew.sessions.packing",
+    "rows_needed": "dew.sessions.packing",
+    "session_metrics": "dew.sessions.metrics",
+    "RewardError": "dew.objectives.rollouts.sampled",
+    "SampledRollout": "dew.objectives.rollouts.sampled",
+    "default_decode": "dew.objectives.rollouts.sampled",
+    "PPORollout": "dew.objectives.rollouts.ppo",
+    "SingleActionError": "dew.objectives.rollouts.ppo",
+    "episode_targets": "dew.objectives.rollouts.ppo",
+    "SubtreePolicy": "dew.objectives.rollouts.policy",
+    "VerlRowError": "dew.sessions.verl",
+    "VerlTrajectory": "dew.sessions.verl",
+    "from_verl": "dew.sessions.verl",
+    "to_verl": "dew.sessions.verl",
 }
 
 
@@ -57,7 +49,7 @@ def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is None:
         raise AttributeError(f"module 'dew.objectives.rollouts' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"dew.objectives.rollouts.{module}"), name)
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = sorted(_NAMES)

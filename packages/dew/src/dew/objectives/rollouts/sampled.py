@@ -10,7 +10,7 @@ Each step the Trainer hands over a ``Prompts`` batch (``prompt`` ``[B, P]`` left
    ``reward(data_source, completion, ground_truth, extra_info) -> float``,
 3. turns each completion into a one-call ``Session`` (task = prompt row, sample = group
    member; a completion that ran out of budget is TRUNCATED and still scored) and
-4. packs them with ``dew.objectives.rollouts.pack`` into ``N = B * G`` rows of width ``P + R``.
+4. packs them with ``dew.sessions.pack`` into ``N = B * G`` rows of width ``P + R``.
 
 The returned batch holds ``pack``'s columns (with ``old_log_probs``: the raw-policy
 likelihoods recorded while sampling, and ``behavior_log_probs``: those of the distribution
@@ -35,10 +35,10 @@ import numpy as np
 from dew.checks import is_int
 from dew.data.prompts import decode_text
 from dew.inference import TextGeneration
-from dew.objectives.rollouts.advantages import ESTIMATORS
-from dew.objectives.rollouts.packing import pack
-from dew.objectives.rollouts.records import Call, Session, Status
 from dew.sampling import Sampling
+from dew.sessions.advantages import ESTIMATORS
+from dew.sessions.packing import pack
+from dew.sessions.records import Call, Session, Status
 
 Reward = Callable[[str, str, str, str], float]
 

@@ -22,7 +22,7 @@ import numpy as np
 from dew.objectives.rollouts.episodes.errors import MixedOriginError
 from dew.objectives.rollouts.episodes.protocol import Episode
 from dew.objectives.rollouts.episodes.session import session_of
-from dew.objectives.rollouts.packing import pack
+from dew.sessions.packing import pack
 
 
 def check_one_origin(episodes: Sequence[Episode]) -> None:

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.records import token_ids
+from dew.sessions.records import token_ids
 
 
 class EpisodeStatus(enum.StrEnum):

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from dew.objectives.rollouts.episodes.protocol import Episode, EpisodeStatus
 from dew.objectives.rollouts.episodes.validation import check_action
-from dew.objectives.rollouts.records import Call, Session, Status
+from dew.sessions.records import Call, Session, Status
 
 _STATUS = {
     EpisodeStatus.COMPLETED: Status.COMPLETED,

@@ -33,7 +33,7 @@ from dew.objectives.rollouts.episodes.errors import (
     TokensAfterEosError,
 )
 from dew.objectives.rollouts.episodes.protocol import Action
-from dew.objectives.rollouts.records import token_ids
+from dew.sessions.records import token_ids
 
 
 def _ids(value: Any, name: str, episode: Any, turn: int | None) -> np.ndarray:

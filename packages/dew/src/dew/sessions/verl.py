@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts import verl_rows as rows_
-from dew.objectives.rollouts.chains import chains_of
-from dew.objectives.rollouts.records import Call, Session, Status
-from dew.objectives.rollouts.verl_rows import VerlRowError
+from dew.sessions import verl_rows as rows_
+from dew.sessions.chains import chains_of
+from dew.sessions.records import Call, Session, Status
+from dew.sessions.verl_rows import VerlRowError
 
 DEW_FORMAT = 1
 METRICS = {"generate_sequences": 0.0, "tool_calls": 0.0, "compute_score": 0.0, "num_preempted": -1}

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import dew.rl as rl
-from dew.objectives.rollouts.records import check_choice
+from dew.sessions.records import check_choice
 
 ESTIMATORS = ("group", "mean", "rloo")
 GROUP_EPSILON = 1e-6

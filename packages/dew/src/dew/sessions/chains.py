@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dew.objectives.rollouts.records import Call, Session, Status
+from dew.sessions.records import Call, Session, Status
 
 TRUNCATIONS = ("mask", "score", "zero")
 

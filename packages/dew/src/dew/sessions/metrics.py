@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from dew.objectives.rollouts.chains import TRUNCATIONS, chains_of, trains
-from dew.objectives.rollouts.records import Session, Status, check_choice
+from dew.sessions.chains import TRUNCATIONS, chains_of, trains
+from dew.sessions.records import Session, Status, check_choice
 
 
 def _percentile(values: np.ndarray, q: float) -> float:

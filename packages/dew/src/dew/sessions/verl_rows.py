@@ -14,7 +14,7 @@ as a mapping (``model_dump()``) or the pydantic object itself:
   ``mm_processor_kwargs``, ``mm_processor_output``.
 
 ``native_calls`` and ``dew_calls`` turn a checked row into ``Call`` records (see
-``dew.objectives.rollouts.verl`` for the rules). Every refusal is a :class:`VerlRowError`
+``dew.sessions.verl`` for the rules). Every refusal is a :class:`VerlRowError`
 naming the row and the field.
 """
 
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.records import Call, token_ids
+from dew.sessions.records import Call, token_ids
 
 TOKEN_FIELDS = (
     "prompt_ids",

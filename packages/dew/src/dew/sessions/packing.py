@@ -2,14 +2,14 @@
 
 ``pack`` builds one training batch out of sessions:
 
-1. Which sessions train (``dew.objectives.rollouts.chains``): COMPLETED and AGENT_ERROR
+1. Which sessions train (``dew.sessions.chains``): COMPLETED and AGENT_ERROR
    always do; INFRA_ERROR and CANCELLED never do; ``truncation`` decides TRUNCATED.
 2. Advantages, group-relative over ``(task, group)`` among the training sessions, ported from
    verl 0.9.1 ``compute_grpo_outcome_advantage`` (``"group"``: unbiased std + 1e-6;
    ``"mean"``: centred only, verl's ``norm_adv_by_std_in_grpo=False``, Dr.GRPO) and
    ``compute_rloo_outcome_advantage`` (``"rloo"``). As in verl a group of one has baseline 0
    (and deviation 1), so its advantage is its reward.
-3. Chains (``dew.objectives.rollouts.chains``): a call continues the previous call's chain
+3. Chains (``dew.sessions.chains``): a call continues the previous call's chain
    only when its prompt starts with every id of that chain, sampled ids included.
 4. Rows. Chains are placed first-fit decreasing (longest first, each in the first row with
    room) into ``[rows, width]``; ``text_segment_ids`` (1, 2, ... per row, 0 = padding) and
@@ -40,9 +40,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.advantages import ESTIMATORS, group_advantages
-from dew.objectives.rollouts.chains import TRUNCATIONS, training_chains, training_reward, trains
-from dew.objectives.rollouts.records import Session, check_choice
+from dew.sessions.advantages import ESTIMATORS, group_advantages
+from dew.sessions.chains import TRUNCATIONS, training_chains, training_reward, trains
+from dew.sessions.records import Session, check_choice
 
 
 def _check_width(width: int) -> int:

@@ -31,7 +31,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Protocol, runtime_checkable
 
-from dew.objectives.rollouts.records import Session, Task
+from dew.sessions.records import Session, Task
 
 
 @runtime_checkable
