@@ -33,8 +33,8 @@ import optax
 from dew import Trainer
 from dew.data import Dataset
 from dew.objectives.rl import EpisodeRollout, GRPOObjective, PPOObjective, PPORollout, ValueHead
-from dew.objectives.rollouts.episodes import EpisodeStatus, Observation
-from dew.objectives.rollouts.policy import SubtreePolicy
+from dew.rollouts.episodes import EpisodeStatus, Observation
+from dew.rollouts.policy import SubtreePolicy
 from dew.sampling import Sampling
 
 PAD, EOS, CALL, SAY, QUESTION, VOCAB = 0, 1, 2, 3, 14, 16

@@ -37,7 +37,7 @@ from dew.data import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.lm import LMObjective
 from dew.objectives.rl import EpisodeRollout, GRPOObjective
-from dew.objectives.rollouts.episodes import EpisodeStatus, Observation
+from dew.rollouts.episodes import EpisodeStatus, Observation
 from dew.sampling import Sampling
 
 EOS, CALL, SAY, QUESTION, VOCAB = 1, 2, 3, 14, 16

@@ -14,7 +14,7 @@ import pytest
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rollouts.episodes import (
+from dew.rollouts.episodes import (
     EpisodeFailure,
     EpisodeRollout,
     EpisodeStatus,

@@ -5,8 +5,8 @@ and its import statements are resolved to absolute module names (relative
 imports included). The rules:
 
 * ``dew.rl`` imports only jax, numpy, the standard library and itself;
-* inside the ``dew`` distribution, only ``dew.objectives`` and ``dew.sessions`` (advantages)
-  may import ``dew.rl``;
+* inside the ``dew`` distribution, only ``dew.objectives``, ``dew.sessions`` (advantages) and
+  ``dew.rollouts`` (GAE at collection) may import ``dew.rl``;
 * ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
 * ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
 * inside ``dew`` (``inner_violations``): ``dew.data``, ``dew.models`` and ``dew.sampling``
@@ -31,9 +31,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SATELLITES = ("dew.rollout", "dew.sandbox", "dew.flow")
 RL_ALLOWED_THIRD_PARTY = {"jax", "jaxlib", "numpy"}
-#: The parts of the dew distribution that may read dew.rl: the losses, and the session
-#: helpers that compute advantages.
-RL_READERS = ("dew.objectives", "dew.sessions")
+#: The parts of the dew distribution that may read dew.rl: the losses, the session helpers
+#: that compute advantages, and the collectors that compute GAE at collection time.
+RL_READERS = ("dew.objectives", "dew.sessions", "dew.rollouts")
 
 
 def module_name(path: pathlib.Path, src: pathlib.Path) -> str:
@@ -245,7 +245,7 @@ INNER_ALLOWED = [
     ("dew.objectives.rl.grpo", "from dew.objectives.scoring import packed_log_probs\n"),
     ("dew.files", "import os\nimport tempfile\n"),
     ("dew.progress", "import sys\nfrom tqdm import tqdm\n"),
-    ("dew.objectives.rollouts.episodes.rollout", "from dew.progress import TerminalBar\n"),
+    ("dew.rollouts.episodes.rollout", "from dew.progress import TerminalBar\n"),
     ("dew.data.prompts", "from dew.progress import TerminalBar\n"),
 ]
 

@@ -38,7 +38,7 @@ from _rounds import Bench, add_arguments  # noqa: E402
 import dew.models  # noqa: E402
 from dew.inference import TextGeneration  # noqa: E402
 from dew.objectives.rl.grpo import GRPOObjective  # noqa: E402
-from dew.objectives.rollouts.episodes import (  # noqa: E402
+from dew.rollouts.episodes import (  # noqa: E402
     Action,
     EpisodeId,
     EpisodeRollout,
@@ -46,9 +46,9 @@ from dew.objectives.rollouts.episodes import (  # noqa: E402
     Observation,
     Transition,
 )
-from dew.objectives.rollouts.episodes import Episode as EpisodeRecord  # noqa: E402
-from dew.objectives.rollouts.episodes.projection import project  # noqa: E402
-from dew.objectives.rollouts.episodes.protocol import as_observation  # noqa: E402
+from dew.rollouts.episodes import Episode as EpisodeRecord  # noqa: E402
+from dew.rollouts.episodes.projection import project  # noqa: E402
+from dew.rollouts.episodes.protocol import as_observation  # noqa: E402
 from dew.sampling import Sampling  # noqa: E402
 from dew.sandbox import SandboxLimits, SubprocessEnvironment  # noqa: E402
 

@@ -419,12 +419,12 @@ class Walk:
         return False
 
     def reset(self):
-        from dew.objectives.rollouts.episodes import Observation
+        from dew.rollouts.episodes import Observation
 
         return Observation(self.context)
 
     def step(self, action):
-        from dew.objectives.rollouts.episodes import EpisodeStatus, Observation
+        from dew.rollouts.episodes import EpisodeStatus, Observation
 
         self.turns += 1
         self.context = [*action.context.tolist(), *action.tokens.tolist(), 1]

@@ -15,8 +15,8 @@ import pytest
 from rollout_tiny import VOCAB
 
 from dew.objectives.rl.sessions import SessionSource, Status, Task
-from dew.objectives.rollouts.episodes import EpisodeStatus, Observation
 from dew.rollout import EnvironmentSource, NativeRolloutServer, PromptSource, prompt_task
+from dew.rollouts.episodes import EpisodeStatus, Observation
 
 TIMEOUT = 120
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rollouts.episodes import Episode, EpisodeId, EpisodeStatus, Observation
+from dew.rollouts.episodes import Episode, EpisodeId, EpisodeStatus, Observation
 
 PAD, EOS, CALL, SAY, QUESTION = 0, 1, 2, 3, 14
 VOCAB = 16

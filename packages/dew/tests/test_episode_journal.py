@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from _square_episodes import EOS, Log, ScriptedPolicy, SquareEnvironment, square_verifier
 
-from dew.objectives.rollouts.episodes import (
+from dew.rollouts.episodes import (
     EpisodeFailure,
     EpisodeJournal,
     EpisodeRollout,

@@ -27,8 +27,8 @@ from dew import Trainer
 from dew.data import Dataset
 from dew.objectives.rl import EpisodeRollout, GRPOObjective, PPOObjective, PPORollout, ValueHead
 from dew.objectives.rl.sessions import Call, Session, Status, pack
-from dew.objectives.rollouts.ppo import SingleActionError, action_order, episode_targets
 from dew.rl import clipped_surrogate_terms, clipped_value_loss_terms, gae, token_log_ratio
+from dew.rollouts.ppo import SingleActionError, action_order, episode_targets
 from dew.sampling import Sampling
 
 FIXTURES = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "ppo"

@@ -11,8 +11,8 @@ import pytest
 
 from dew.data.prompts import encode_text
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rl.rollout import RewardError, SampledRollout, default_decode
 from dew.objectives.rl.sessions import group_advantages
+from dew.rollouts.sampled import RewardError, SampledRollout, default_decode
 from dew.sampling import Sampling
 from dew.testing import tiny_decoder
 

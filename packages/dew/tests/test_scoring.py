@@ -143,7 +143,6 @@ OLD_PATHS = {
         "rows_needed",
         "session_metrics",
     ],
-    "dew.objectives.rl.rollout": ["RewardError", "SampledRollout", "default_decode"],
     "dew.objectives.lm": ["token_nll", "segment_positions"],
 }
 
@@ -151,14 +150,15 @@ OLD_PATHS = {
 @pytest.mark.parametrize("module", sorted(OLD_PATHS))
 def test_old_import_paths_name_the_moved_objects(module: str) -> None:
     old = importlib.import_module(module)
-    rollouts = importlib.import_module("dew.objectives.rollouts")
+    sessions = importlib.import_module("dew.sessions")
+    rollouts = importlib.import_module("dew.rollouts")
     for name in OLD_PATHS[module]:
         if module == "dew.objectives.lm":
             new = getattr(scoring, "positions_from_segments" if name.startswith("seg") else name)
         else:
-            new = getattr(rollouts, name)
+            new = getattr(sessions, name)
         assert getattr(old, name) is new, f"{module}.{name}"
     rl = importlib.import_module("dew.objectives.rl")
     assert rl.SampledRollout is rollouts.SampledRollout
-    assert rl.sessions.pack is rollouts.pack
-    assert set(rollouts.__all__) >= set(OLD_PATHS["dew.objectives.rl.sessions"])
+    assert rl.sessions.pack is sessions.pack
+    assert set(sessions.__all__) >= set(OLD_PATHS["dew.objectives.rl.sessions"])

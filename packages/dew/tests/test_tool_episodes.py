@@ -31,7 +31,7 @@ from _square_episodes import (
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.objectives.rollouts.episodes import (
+from dew.rollouts.episodes import (
     Action,
     EmptyContextError,
     Episode,

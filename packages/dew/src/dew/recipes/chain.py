@@ -217,7 +217,7 @@ class Recipe:
             )
             return dpo, None
         from dew.objectives.rl.grpo import GRPOObjective
-        from dew.objectives.rollouts.sampled import SampledRollout
+        from dew.rollouts.sampled import SampledRollout
         from dew.sampling import Sampling
 
         beta = DEFAULT_GRPO_BETA if stage.beta is None else stage.beta

@@ -216,7 +216,7 @@ def prepare(config: TrainConfig) -> Prepared:
         )
     else:
         from dew.objectives.rl.grpo import GRPOObjective
-        from dew.objectives.rl.rollout import SampledRollout
+        from dew.rollouts.sampled import SampledRollout
         from dew.sampling import Sampling
 
         decode = None

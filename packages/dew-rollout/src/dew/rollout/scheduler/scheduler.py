@@ -36,13 +36,13 @@ import numpy as np
 
 from dew.checks import is_int
 from dew.data.dataset import Dataset
-from dew.objectives.rollouts.episodes.cohort import agree_on_failure
 from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules
 from dew.rollout.scheduler.journal import WeightJournal
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
 from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
+from dew.rollouts.episodes.cohort import agree_on_failure
 from dew.sessions.chains import TRUNCATIONS
 from dew.sessions.metrics import session_metrics
 from dew.sessions.packing import pack

@@ -34,15 +34,6 @@ from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPo
 from typing import Any
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.episodes.protocol import (
-    Action,
-    Episode,
-    EpisodeId,
-    EpisodeStatus,
-    Observation,
-    Transition,
-    as_observation,
-)
 from dew.rollout.draw import Draw
 from dew.rollout.sources._common import (
     call_of,
@@ -54,6 +45,15 @@ from dew.rollout.sources._common import (
     finite_reward,
     resolve,
     turn_seed,
+)
+from dew.rollouts.episodes.protocol import (
+    Action,
+    Episode,
+    EpisodeId,
+    EpisodeStatus,
+    Observation,
+    Transition,
+    as_observation,
 )
 from dew.sessions.records import Call, Session, Status, Task
 

@@ -27,7 +27,6 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rollouts.sampled import default_decode
 from dew.rollout.draw import Draw
 from dew.rollout.sources._common import (
     call_of,
@@ -39,6 +38,7 @@ from dew.rollout.sources._common import (
     finite_reward,
     resolve,
 )
+from dew.rollouts.sampled import default_decode
 from dew.sessions.records import Session, Status, Task, token_ids
 
 TEXT_FIELDS = ("data_source", "ground_truth", "extra_info")

@@ -1,10 +1,11 @@
 """RL objectives: the losses (DPO, GRPO, PPO with its ``ValueHead``).
 
-The batches they train on come from the rollout machinery in ``dew.objectives.rollouts``;
-its public names (``SampledRollout``, ``RewardError``, ``EpisodeRollout`` and the episode
-errors, the ``sessions`` module) are also found here, as before, and so is the ``verl``
-interop module (``to_verl``, ``from_verl``). Names resolve lazily so importing one objective
-does not import every other one.
+The batches they train on come from the collectors in ``dew.rollouts``, built from the session
+records of ``dew.sessions``. Their public names (``SampledRollout``, ``RewardError``,
+``EpisodeRollout`` and the episode errors, ``PPORollout``, the ``sessions`` module) are also
+found here, and so is the ``verl`` interop module (``to_verl``, ``from_verl``): this is the
+path the RL objectives and their batches are imported from. Names resolve lazily so
+importing one objective does not import every other one (nor the inference engine).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ from typing import Any
 
 _NAMES: dict[str, str] = {
     "DPOObjective": "dew.objectives.rl.dpo",
-    "EpisodeCancelled": "dew.objectives.rollouts.episodes",
-    "EpisodeFailure": "dew.objectives.rollouts.episodes",
-    "EpisodeJournal": "dew.objectives.rollouts.episodes",
-    "EpisodeRollout": "dew.objectives.rollouts.episodes",
+    "EpisodeCancelled": "dew.rollouts.episodes",
+    "EpisodeFailure": "dew.rollouts.episodes",
+    "EpisodeJournal": "dew.rollouts.episodes",
+    "EpisodeRollout": "dew.rollouts.episodes",
     "GRPOObjective": "dew.objectives.rl.grpo",
     "PPOObjective": "dew.objectives.rl.ppo",
-    "PPORollout": "dew.objectives.rollouts.ppo",
+    "PPORollout": "dew.rollouts.ppo",
     "packed_log_probs": "dew.objectives.rl.grpo",
     "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
-    "RewardError": "dew.objectives.rollouts.sampled",
-    "SampledRollout": "dew.objectives.rollouts.sampled",
+    "RewardError": "dew.rollouts.sampled",
+    "SampledRollout": "dew.rollouts.sampled",
     "ValueHead": "dew.objectives.rl.value_head",
     "sessions": "dew.objectives.rl.sessions",
     "verl": "dew.objectives.rl.verl",

@@ -12,7 +12,7 @@ The batch is a packed batch (``[B, W]``, ``W = seq_len + 1``, every column align
 likelihoods when the ids were sampled), ``response_mask``, ``text_segment_ids``,
 ``text_positions``, optionally ``behavior_log_probs``, and the PPO targets:
 ``old_values`` (the critic's values when the ids were sampled), ``advantages`` and
-``returns`` (GAE over each episode, see ``dew.objectives.rollouts.ppo``).
+``returns`` (GAE over each episode, see ``dew.rollouts.ppo``).
 
 The loss, summed over the kept tokens ``mask = response_mask & segment > 0`` and divided by
 their count by the Trainer (verl ``token-mean`` for every term)::
@@ -217,7 +217,7 @@ class PPOObjective:
         snapshot (a policy-only tree is taken as it is), and ``__call__(contexts, budgets,
         key, sampling)``; its ``variables`` attribute holds the bound policy variables.
         """
-        from dew.objectives.rollouts.policy import SubtreePolicy
+        from dew.rollouts.policy import SubtreePolicy
 
         return SubtreePolicy(
             self.model,

@@ -53,23 +53,24 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.episodes.cohort import (
+from dew.progress import TerminalBar
+from dew.rollouts.episodes.cohort import (
     agree_on_config,
     agree_on_failure,
     local_variables,
     shard_count,
     task_ids,
 )
-from dew.objectives.rollouts.episodes.collection import (
+from dew.rollouts.episodes.collection import (
     abort_collection,
     draw_slots,
     prepare_action,
     recover,
 )
-from dew.objectives.rollouts.episodes.errors import EpisodeCancelled
-from dew.objectives.rollouts.episodes.journal import EpisodeJournal
-from dew.objectives.rollouts.episodes.projection import project
-from dew.objectives.rollouts.episodes.protocol import (
+from dew.rollouts.episodes.errors import EpisodeCancelled
+from dew.rollouts.episodes.journal import EpisodeJournal
+from dew.rollouts.episodes.projection import project
+from dew.rollouts.episodes.protocol import (
     Action,
     EnvironmentFactory,
     Episode,
@@ -77,8 +78,7 @@ from dew.objectives.rollouts.episodes.protocol import (
     Record,
     Verifier,
 )
-from dew.objectives.rollouts.episodes.slot import Slot
-from dew.progress import TerminalBar
+from dew.rollouts.episodes.slot import Slot
 from dew.sampling import Sampling
 
 INERT_CONTEXT = np.zeros((1,), np.int32)

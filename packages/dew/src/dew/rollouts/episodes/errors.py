@@ -4,7 +4,7 @@
 raised; ``EpisodeCancelled`` (a subclass) when the work was cancelled, by
 ``asyncio.CancelledError`` or ``concurrent.futures.CancelledError`` alike (the original object
 is the ``__cause__``), or when an environment itself answered CANCELLED (no cause then). Both
-carry the partial :class:`~dew.objectives.rollouts.episodes.protocol.Episode`.
+carry the partial :class:`~dew.rollouts.episodes.protocol.Episode`.
 
 ``InvalidAction`` and its subclasses refuse a malformed action; each names the episode, the
 turn and the field.

@@ -145,7 +145,7 @@ class Action:
       terminated: True when an EOS id ended the turn, False when the budget did.
       policy_step: the committed update clock of the weights that sampled it.
 
-    Built unchecked; :func:`dew.objectives.rollouts.episodes.validation.check_action` is the
+    Built unchecked; :func:`dew.rollouts.episodes.validation.check_action` is the
     one validation every live, imported or restored action goes through.
     """
 

@@ -1,7 +1,7 @@
 """The one validation every action goes through: live, imported or restored from a journal.
 
 :func:`check_action` returns a normalised copy (int64 ids, float64 likelihoods, plain bool and
-int) or raises a named :class:`~dew.objectives.rollouts.episodes.errors.InvalidAction`:
+int) or raises a named :class:`~dew.rollouts.episodes.errors.InvalidAction`:
 
 - ``EmptyContextError``: the context holds no ids;
 - ``TokenIdError``: an id that is not a nonnegative integer (``True``/``False`` and
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
-from dew.objectives.rollouts.episodes.errors import (
+from dew.rollouts.episodes.errors import (
     EmptyContextError,
     InvalidAction,
     LikelihoodError,
@@ -32,7 +32,7 @@ from dew.objectives.rollouts.episodes.errors import (
     TokenIdError,
     TokensAfterEosError,
 )
-from dew.objectives.rollouts.episodes.protocol import Action
+from dew.rollouts.episodes.protocol import Action
 from dew.sessions.records import token_ids
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rollouts.episodes.protocol import (
+from dew.rollouts.episodes.protocol import (
     Action,
     EnvironmentFactory,
     Episode,

@@ -8,7 +8,7 @@ episodes take no rows and no part in their group's baseline). Every column is
 the loss's ``reward/mean`` metric.
 
 All episodes must come from one collection binding: records carrying different origin tokens
-raise :class:`~dew.objectives.rollouts.episodes.errors.MixedOriginError`, even when their
+raise :class:`~dew.rollouts.episodes.errors.MixedOriginError`, even when their
 clocks agree. Episodes without an origin (built by hand) are accepted alongside one origin.
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from dew.objectives.rollouts.episodes.errors import MixedOriginError
-from dew.objectives.rollouts.episodes.protocol import Episode
-from dew.objectives.rollouts.episodes.session import session_of
+from dew.rollouts.episodes.errors import MixedOriginError
+from dew.rollouts.episodes.protocol import Episode
+from dew.rollouts.episodes.session import session_of
 from dew.sessions.packing import pack
 
 

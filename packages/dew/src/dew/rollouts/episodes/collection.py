@@ -17,28 +17,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.objectives.rollouts.episodes.cohort import RemoteFailure
-from dew.objectives.rollouts.episodes.errors import (
+from dew.rollouts.episodes.cohort import RemoteFailure
+from dew.rollouts.episodes.errors import (
     EpisodeCancelled,
     EpisodeFailure,
     is_cancellation,
 )
-from dew.objectives.rollouts.episodes.journal import (
+from dew.rollouts.episodes.journal import (
     EpisodeJournal,
     JournalBusy,
     JournalMismatch,
     attempt_header,
     policy_digest,
 )
-from dew.objectives.rollouts.episodes.protocol import (
+from dew.rollouts.episodes.protocol import (
     Action,
     EpisodeId,
     EpisodeStatus,
     Record,
     Transition,
 )
-from dew.objectives.rollouts.episodes.slot import Slot
-from dew.objectives.rollouts.episodes.validation import check_action
+from dew.rollouts.episodes.slot import Slot
+from dew.rollouts.episodes.validation import check_action
 from dew.sampling import Sampling
 
 _SEED_SALT = 0x5EED

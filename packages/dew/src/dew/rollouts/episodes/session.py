@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from dew.objectives.rollouts.episodes.protocol import Episode, EpisodeStatus
-from dew.objectives.rollouts.episodes.validation import check_action
+from dew.rollouts.episodes.protocol import Episode, EpisodeStatus
+from dew.rollouts.episodes.validation import check_action
 from dew.sessions.records import Call, Session, Status
 
 _STATUS = {

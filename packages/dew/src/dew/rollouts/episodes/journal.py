@@ -39,7 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.objectives.rollouts.episodes.protocol import Action, EpisodeStatus, Observation
+from dew.rollouts.episodes.protocol import Action, EpisodeStatus, Observation
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (

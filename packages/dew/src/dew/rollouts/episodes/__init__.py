@@ -10,7 +10,7 @@
   crash-safe SQLite record of pending and completed turns.
 """
 
-from dew.objectives.rollouts.episodes.errors import (
+from dew.rollouts.episodes.errors import (
     EmptyContextError,
     EpisodeCancelled,
     EpisodeFailure,
@@ -21,14 +21,14 @@ from dew.objectives.rollouts.episodes.errors import (
     TokenIdError,
     TokensAfterEosError,
 )
-from dew.objectives.rollouts.episodes.journal import (
+from dew.rollouts.episodes.journal import (
     EpisodeJournal,
     JournalBusy,
     JournalMismatch,
     PolicyMismatch,
 )
-from dew.objectives.rollouts.episodes.projection import project
-from dew.objectives.rollouts.episodes.protocol import (
+from dew.rollouts.episodes.projection import project
+from dew.rollouts.episodes.protocol import (
     Action,
     Environment,
     EnvironmentFactory,
@@ -40,10 +40,10 @@ from dew.objectives.rollouts.episodes.protocol import (
     Transition,
     Verifier,
 )
-from dew.objectives.rollouts.episodes.rollout import EpisodeRollout
-from dew.objectives.rollouts.episodes.session import session_of
-from dew.objectives.rollouts.episodes.slot import VerifierError
-from dew.objectives.rollouts.episodes.validation import check_action
+from dew.rollouts.episodes.rollout import EpisodeRollout
+from dew.rollouts.episodes.session import session_of
+from dew.rollouts.episodes.slot import VerifierError
+from dew.rollouts.episodes.validation import check_action
 
 __all__ = [
     "Action",
