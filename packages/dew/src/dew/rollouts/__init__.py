@@ -1,8 +1,11 @@
 """Rollouts: the collectors the Trainer calls between steps (host side).
 
-Each one is a ``rollout=`` hook of ``dew.trainer.Trainer``: it takes the Trainer's batch and
-variables, samples, scores and returns a packed batch built from ``dew.sessions``.
+Each one is a ``rollout=`` hook of ``dew.trainer.Trainer`` (the ``Rollout`` protocol of
+``dew.rollouts.protocol``): it takes the Trainer's batch and variables, samples, scores and
+returns a packed batch built from ``dew.sessions``.
 
+- ``protocol``: ``Rollout`` (and ``SteppedRollout``, one with ``at_step``), what the Trainer
+  calls.
 - ``sampled``: ``SampledRollout``, which samples completions with ``dew.inference``, scores
   them with a reward function and packs them; ``RewardError``, ``default_decode``.
 - ``episodes``: ``EpisodeRollout``, multi-turn tool episodes (the environment protocol, one
@@ -10,8 +13,8 @@ variables, samples, scores and returns a packed batch built from ``dew.sessions`
 - ``ppo``: ``PPORollout`` and ``episode_targets`` (GAE over packed episodes for PPO).
 - ``policy``: ``SubtreePolicy``, a sampler bound to the policy part of a larger tree.
 
-Names resolve lazily: importing the package imports no collector, and each name imports only
-its own module.
+Names resolve lazily: importing the package (or its ``protocol``) imports no collector, and
+each name imports only its own module.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import importlib
 from typing import Any
 
 _NAMES: dict[str, str] = {
+    "Rollout": "protocol",
+    "SteppedRollout": "protocol",
     "RewardError": "sampled",
     "SampledRollout": "sampled",
     "default_decode": "sampled",

@@ -24,6 +24,7 @@ from dew.objectives.base import (
     token_fields_of,
     validate_ema_decay,
 )
+from dew.rollouts.protocol import Rollout
 from dew.trainer import checkpoint as ckpt
 from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.trainer.progress import Progress
@@ -31,8 +32,6 @@ from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
 from dew.trainer.step import make_init, make_step
 from dew.trainer.tracker import Tracker, make_tracker
-
-Rollout = Callable[[Any, dict[str, Any], jax.Array], Mapping[str, Any]]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -72,10 +71,11 @@ class Trainer:
       objective: an ``dew.objectives.Objective``.
       optimizer: an ``optax.GradientTransformation`` applied to ``variables["params"]``.
       key: a PRNG key; split into the initialisation key, the step keys and rollout keys.
-      rollout: optional host function ``(variables, batch, key) -> batch`` called before each
-        compiled update with the current variables (valid until that update donates them).
-        When it has an ``at_step(step, updates)`` method, that is called first with the
-        step being attempted and the optimizer updates committed so far.
+      rollout: optional ``dew.rollouts.protocol.Rollout``, a host function
+        ``(variables, batch, key) -> batch`` called before each compiled update with the
+        current variables (valid until that update donates them). When it has an
+        ``at_step(step, updates)`` method, that is called first with the step being
+        attempted and the optimizer updates committed so far.
       microbatches: split each step's batch into this many microbatches (gradient
         accumulation normalised by the step's total weight).
       fsdp: shard parameters and optimizer state over the devices instead of replicating them.
