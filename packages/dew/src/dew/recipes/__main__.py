@@ -1,7 +1,7 @@
-"""``python -m dew.recipes chain CONFIG``."""
+"""``python -m dew.recipes chain CONFIG`` (the same as ``dew chain CONFIG``)."""
 
 import sys
 
-from dew.recipes.cli import main
+from dew.cli import main
 
-sys.exit(main())
+sys.exit(main(sys.argv[1:]))

@@ -33,7 +33,6 @@ dataset's rows. ``overrides`` (``--set stages.0.steps=10``) change keys before t
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from dew.checks import is_int
+from dew.recipes.references import load_reward, local_path
 from dew.recipes.schema import (
     ConfigError,
     apply_override,
@@ -55,33 +55,6 @@ DATASETS = ("ChatMessages", "PreferencePairs", "Prompts")
 _PATH_KEYS = ("path", "tokenizer", "val_path")
 _TOP_KEYS = ("output", "batch", "seed", "model", "pretrained", "optimizer", "schedule",
              "log_every", "stages")  # fmt: skip
-_FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".npy", ".bin", ".yaml", ".yml", ".txt")
-
-
-def local_path(value: Any, base: Path, where: str) -> Any:
-    """``value`` resolved against ``base`` when it names a local file or directory.
-
-    A value that looks like a local path (a file suffix, a leading ``.``, ``/`` or ``~``, more
-    than one ``/``, or a parent directory that exists here) but does not exist is reported as
-    a missing file; anything else is left alone (a Hub id such as ``org/name``).
-    """
-    if not isinstance(value, str):
-        return value
-    candidate = Path(os.path.expanduser(value))
-    if not candidate.is_absolute():
-        candidate = base / candidate
-    if candidate.exists():
-        return str(candidate)
-    looks_local = (
-        value.endswith(_FILE_SUFFIXES)
-        or value.startswith((".", "/", "~"))
-        or value.count("/") > 1
-        or (os.sep != "/" and os.sep in value)
-        or ("/" in value and candidate.parent != base and candidate.parent.is_dir())
-    )
-    if looks_local:
-        raise ConfigError(f"{where}: no such file or directory {str(candidate)!r}")
-    return value
 
 
 def _dataset(spec: Any, base: Path, where: str) -> Any:
@@ -113,22 +86,6 @@ def _dataset(spec: Any, base: Path, where: str) -> Any:
         return classes[kind](**kwargs)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
-
-
-def load_reward(spec: Any, where: str) -> Any:
-    """The callable ``module:function`` names (refused with the reason when it cannot load)."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(f"{where}: expected 'module:function', got {spec!r}")
-    module, name = spec.split(":", 1)
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except ImportError as err:
-        raise ConfigError(f"{where}: cannot import module {module!r} ({err})") from None
-    except AttributeError:
-        raise ConfigError(f"{where}: module {module!r} has no attribute {name!r}") from None
-    if not callable(fn):
-        raise ConfigError(f"{where}: {spec!r} is not callable")
-    return fn
 
 
 def _short(err: BaseException) -> str:
@@ -368,13 +325,4 @@ def run_chain(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dew.recipes chain CONFIG`` (the same as ``dew chain CONFIG``)."""
-    from dew.cli import main as dew_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    return dew_main(args)
-
-
-__all__ = ["add_chain_command", "load_reward", "local_path", "main", "recipe_from_config",
-           "run_chain"]  # fmt: skip
+__all__ = ["add_chain_command", "load_reward", "local_path", "recipe_from_config", "run_chain"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
+from dew.recipes.references import load_reward
 from dew.recipes.schema import ConfigError
 from dew.recipes.train_config import TrainConfig
 
@@ -165,8 +166,6 @@ def _vocab(config: TrainConfig, reader: Any, largest: int) -> int:
 def _reward_object(spec: str) -> Any:
     """What ``module:name`` names (a class or a function), not yet instantiated."""
     import sys
-
-    from dew.recipes.cli import load_reward
 
     if os.getcwd() not in sys.path:  # ``--reward my_rewards:f`` finds ./my_rewards.py
         sys.path.insert(0, os.getcwd())

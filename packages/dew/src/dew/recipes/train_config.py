@@ -28,6 +28,7 @@ from dew.recipes.builder import (
     optimizer_config,
     schedule_config,
 )
+from dew.recipes.references import local_path
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
 
 KINDS = ("lm", "sft", "dpo", "grpo")
@@ -234,8 +235,6 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         objective = mapping.get("objective") or {}
         if isinstance(objective, Mapping) and objective.get("all_tokens"):
             raise ConfigError("objective.all_tokens: only 'dew train sft' takes it")
-    from dew.recipes.cli import local_path
-
     config = TrainConfig(
         kind=kind,
         run=section(RunConfig, mapping.get("run"), "run"),
