@@ -11,9 +11,13 @@ imports included). The rules:
 * ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
 * inside ``dew`` (``inner_violations``): ``dew.data``, ``dew.models`` and ``dew.sampling``
   import nothing else of ``dew``, ``dew.inference`` only ``dew.models`` and ``dew.sampling``,
-  ``dew.trainer`` no objective (only the protocol in ``dew.objectives.base``); all of them may
-  use the leaves ``dew.files``, ``dew.checks`` and ``dew.progress``, which import nothing of
-  ``dew``.
+  ``dew.sessions`` only ``dew.rl``, ``dew.rollouts`` only ``dew.sessions``, ``dew.rl``,
+  ``dew.data``, ``dew.inference``, ``dew.models`` and ``dew.sampling``; ``dew.trainer`` no
+  objective (only the protocol in ``dew.objectives.base``), no session and no collector
+  (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
+  ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
+  ``dew.files``, ``dew.checks`` and ``dew.progress``, which import nothing of ``dew``, and
+  neither does ``dew.rollouts.protocol``.
 
 The checker is also run on planted violations, so a checker that silently
 accepts everything fails here too.
@@ -135,6 +139,8 @@ PLANTED = [
     ("dew.flow.rollout", "from dew.sandbox import CodeReward\n"),
     ("dew.objectives.rl.grpo", "from dew.rollout.native import NativeRolloutServer\n"),
     ("dew.inference.generation", "from ..rollout import Publication\n"),
+    ("dew.inference.server", "from dew.rl import gae\n"),
+    ("dew.models.decoder", "import dew.rl\n"),
 ]
 
 
@@ -148,6 +154,8 @@ ALLOWED = [
     ("dew.rl", "from ._gae import gae\nfrom dew.rl._token_mean import token_mean\n"),
     ("dew.objectives.rl.grpo", "from dew.rl import clipped_surrogate\nfrom ... import rl\n"),
     ("dew.objectives.lm", "import dew.rl\n"),
+    ("dew.sessions.advantages", "import dew.rl as rl\n"),
+    ("dew.rollouts.ppo", "from dew.rl import gae\n"),
     ("dew.sandbox.fleet", "import dew.models\nfrom dew.sandbox import limits\n"),
     ("dew.flow.objective", "import dew.rl\n"),
     ("dew.flow.grpo", "from dew.objectives.rl import policy_loss_from_log_probs\nimport flax\n"),
@@ -169,7 +177,18 @@ INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) i
     "dew.models": (),
     "dew.sampling": (),
     "dew.inference": ("dew.models", "dew.sampling"),
+    "dew.sessions": ("dew.rl",),
+    "dew.rollouts": (
+        "dew.sessions",
+        "dew.rl",
+        "dew.data",
+        "dew.inference",
+        "dew.models",
+        "dew.sampling",
+    ),
 }
+#: Modules that import nothing of dew: the leaves, and the protocol the trainer reads.
+SELF_CONTAINED = (*LEAVES, "dew.rollouts.protocol")
 
 
 def inner_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
@@ -178,9 +197,9 @@ def inner_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
     for line, name in imports:
         if not _within(name, "dew") or name == "dew":
             continue
-        if any(_within(module, leaf) for leaf in LEAVES):
+        if any(_within(module, alone) for alone in SELF_CONTAINED):
             if not _within(name, module):
-                bad.append(f"{module}:{line} the leaf {module} imports {name}")
+                bad.append(f"{module}:{line} {module} imports nothing of dew, not {name}")
             continue
         if any(_within(name, leaf) for leaf in LEAVES):
             continue
@@ -196,6 +215,19 @@ def inner_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
             and not _within(name, "dew.objectives.base")
         ):
             bad.append(f"{module}:{line} the trainer knows no objective, only the protocol: {name}")
+        if _within(module, "dew.trainer") and (
+            _within(name, "dew.sessions")
+            or (_within(name, "dew.rollouts") and not _within(name, "dew.rollouts.protocol"))
+        ):
+            bad.append(
+                f"{module}:{line} no session or collector in the trainer, only the protocol: {name}"
+            )
+        if (
+            _within(module, "dew.objectives")
+            and _within(name, "dew.rollouts")
+            and not _within(name, "dew.rollouts.policy")
+        ):
+            bad.append(f"{module}:{line} the losses read no collector but SubtreePolicy: {name}")
     return bad
 
 
@@ -212,7 +244,20 @@ INNER_PLANTED = [
     ("dew.trainer.trainer", "from dew.objectives.lm import LMObjective\n"),
     ("dew.trainer.step", "from dew.objectives.rl import GRPOObjective\n"),
     ("dew.trainer.step", "from dew.objectives import LMObjective\n"),
-    ("dew.trainer.step", "from ..objectives import rollouts\n"),
+    ("dew.trainer.step", "from ..rollouts import sampled\n"),
+    ("dew.trainer.trainer", "from dew import rollouts\n"),
+    ("dew.trainer.trainer", "from dew.sessions import pack\n"),
+    ("dew.trainer.trainer", "from dew.rollouts.episodes import EpisodeRollout\n"),
+    ("dew.sessions.packing", "from dew.inference import TextGeneration\n"),
+    ("dew.sessions.records", "from dew.objectives.scoring import packed_log_probs\n"),
+    ("dew.sessions.verl", "from dew.rollouts.sampled import default_decode\n"),
+    ("dew.sessions", "from ..models import build\n"),
+    ("dew.rollouts.sampled", "from dew.objectives.rl import GRPOObjective\n"),
+    ("dew.rollouts.episodes.rollout", "from dew.trainer import Trainer\n"),
+    ("dew.rollouts.protocol", "from dew.checks import is_int\n"),
+    ("dew.rollouts.protocol", "import dew.sessions\n"),
+    ("dew.objectives.rl.grpo", "from dew.rollouts.sampled import SampledRollout\n"),
+    ("dew.objectives.rl.ppo", "from dew import rollouts\n"),
     ("dew.files", "from dew.checks import is_int\n"),
     ("dew.checks", "import dew.models\n"),
     ("dew.progress", "from dew.trainer.progress import Progress\n"),
@@ -246,6 +291,22 @@ INNER_ALLOWED = [
     ("dew.files", "import os\nimport tempfile\n"),
     ("dew.progress", "import sys\nfrom tqdm import tqdm\n"),
     ("dew.rollouts.episodes.rollout", "from dew.progress import TerminalBar\n"),
+    (
+        "dew.sessions.packing",
+        "from dew.checks import is_integer\nfrom dew.sessions.records import Session\n",
+    ),
+    ("dew.sessions.advantages", "import dew.rl as rl\nfrom .records import check_choice\n"),
+    (
+        "dew.rollouts.sampled",
+        "from dew.inference import TextGeneration\nfrom dew.sessions.packing import pack\n"
+        "from dew.data.prompts import decode_text\nfrom dew.sampling import Sampling\n",
+    ),
+    ("dew.rollouts.ppo", "from dew.rl import gae\n"),
+    ("dew.rollouts.policy", "from dew.models import CausalTransformer\n"),
+    ("dew.rollouts.protocol", "from collections.abc import Mapping\n"),
+    ("dew.trainer.trainer", "from dew.rollouts.protocol import Rollout\n"),
+    ("dew.objectives.rl.ppo", "def f():\n    from dew.rollouts.policy import SubtreePolicy\n"),
+    ("dew.objectives.rl.sessions", "from dew.sessions.records import Call\n"),
     ("dew.data.prompts", "from dew.progress import TerminalBar\n"),
 ]
 
