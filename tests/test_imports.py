@@ -9,6 +9,9 @@ imports included). The rules:
   ``dew.rollouts`` (GAE at collection) may import ``dew.rl``;
 * ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
 * ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
+* no import cycle (``import_cycles``) between the modules of all five distributions: none
+  through the imports that run at module level (not inside functions, not under
+  ``if TYPE_CHECKING:``), and, stricter, none even counting the imports inside functions;
 * inside ``dew`` (``inner_violations``): ``dew.data``, ``dew.models`` and ``dew.sampling``
   import nothing else of ``dew``, ``dew.inference`` only ``dew.models`` and ``dew.sampling``,
   ``dew.sessions`` only ``dew.rl``, ``dew.rollouts`` only ``dew.sessions``, ``dew.rl``,
@@ -19,8 +22,9 @@ imports included). The rules:
   ``dew.files``, ``dew.checks`` and ``dew.progress``, which import nothing of ``dew``, and
   neither does ``dew.rollouts.protocol``.
 
-The checker is also run on planted violations, so a checker that silently
-accepts everything fails here too.
+The checkers are also run on planted violations (and the cycle finder on planted two- and
+three-module cycles and an acyclic set), so a checker that silently accepts everything
+fails here too.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ def module_name(path: pathlib.Path, src: pathlib.Path) -> str:
     return ".".join(parts)
 
 
+def _from_target(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module ``from <target> import ...`` reads (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
     """Absolute names of everything ``source`` imports, with line numbers."""
     found: list[tuple[int, str]] = []
@@ -56,12 +69,7 @@ def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[i
         if isinstance(node, ast.Import):
             found.extend((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
+            target = _from_target(node, package)
             found.append((node.lineno, target))
             # `from dew import rl` imports the submodule dew.rl.
             found.extend((node.lineno, f"{target}.{alias.name}") for alias in node.names)
@@ -314,3 +322,183 @@ INNER_ALLOWED = [
 @pytest.mark.parametrize(("module", "source"), INNER_ALLOWED)
 def test_allowed_inner_import_passes(module: str, source: str) -> None:
     assert check_source(source, module) == []
+
+
+# ----------------------------------------------------------------------------- no cycles
+def module_level_imports(source: str, module: str, is_package: bool, *, functions: bool = False):
+    """The modules ``source`` imports when it is imported, with line numbers.
+
+    Imports inside functions run later and are left out (unless ``functions``), and so are
+    those under ``if TYPE_CHECKING:`` (its ``else`` branch counts); class bodies, ``try``,
+    ``with`` and other blocks at module level count. ``from x import y`` names ``x.y`` when
+    ``y`` may be a submodule; ``import_graph`` keeps whichever names a module of the set.
+    """
+    package = module if is_package else module.rpartition(".")[0]
+    found: list[tuple[int, list[str]]] = []
+
+    def type_checking(test: ast.expr) -> bool:
+        return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+            isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        )
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                continue
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) and not functions:
+                continue
+            if isinstance(child, ast.If) and type_checking(child.test):
+                for branch in child.orelse:
+                    visit(ast.Module(body=[branch], type_ignores=[]))
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((child.lineno, [alias.name]) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                target = _from_target(child, package)
+                names = [f"{target}.{alias.name}" for alias in child.names]
+                found.append((child.lineno, [target, *names]))
+            visit(child)
+
+    visit(ast.parse(source))
+    return found
+
+
+def import_graph(
+    sources: dict[str, tuple[str, bool]], *, functions: bool = False
+) -> dict[str, set[str]]:
+    """module -> the modules of ``sources`` it imports (``sources``: module -> text, package?).
+
+    ``import a.b.c`` reads the innermost of ``a.b.c``, ``a.b``, ``a`` that is in the set;
+    ``from a import b`` reads ``a.b`` when that is a module of the set, else ``a``.
+    """
+    graph: dict[str, set[str]] = {}
+    for module, (source, is_package) in sources.items():
+        edges: set[str] = set()
+        for _, names in module_level_imports(source, module, is_package, functions=functions):
+            target, submodules = names[0], names[1:]
+            reads = [n for n in submodules if n in sources] if submodules else []
+            if not reads or len(reads) < len(submodules):
+                reads.append(target)
+            for name in reads:
+                while name and name not in sources:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    edges.add(name)
+        graph[module] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle ``a -> b -> ... -> a`` for each strongly connected group of modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    cycles = []
+    for group in groups:  # the shortest way from the group's first module back to itself
+        start = min(group)
+        parent: dict[str, str | None] = {start: None}
+        queue = [start]
+        for v in queue:  # breadth first; the queue grows as it is read
+            if start in graph[v]:
+                path = [start]
+                step: str | None = v
+                while step is not None:
+                    path.append(step)
+                    step = parent[step]
+                cycles.append(" -> ".join(reversed(path)))
+                break
+            for w in sorted(graph[v] & group):
+                if w not in parent:
+                    parent[w] = v
+                    queue.append(w)
+    return sorted(cycles)
+
+
+def project_sources() -> dict[str, tuple[str, bool]]:
+    return {m: (path.read_text(), path.name == "__init__.py") for path, m in source_files()}
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    sources = project_sources()
+    graph = import_graph(sources)
+    assert sum(len(edges) for edges in graph.values()) > len(graph)  # the graph is not empty
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles at module level:\n" + "\n".join(cycles)
+
+
+def test_no_import_cycle_even_through_imports_inside_functions() -> None:
+    """Lazy imports too: a cycle hidden in a function is still a tangle of the arrows."""
+    cycles = import_cycles(import_graph(project_sources(), functions=True))
+    assert not cycles, "import cycles through imports inside functions:\n" + "\n".join(cycles)
+
+
+def _planted(**modules: str) -> dict[str, tuple[str, bool]]:
+    """``pkg_x_one="..."`` -> ``{"pkg.x.one": (text, is_package)}``; a package has submodules."""
+    names = {key.replace("_", "."): textwrap.dedent(text) for key, text in modules.items()}
+    return {
+        name: (text, any(other.startswith(name + ".") for other in names))
+        for name, text in names.items()
+    }
+
+
+def test_a_planted_two_module_cycle_is_found() -> None:
+    sources = _planted(pkg_a="import pkg.b\n", pkg_b="from pkg import a\n")
+    assert import_cycles(import_graph(sources)) == ["pkg.a -> pkg.b -> pkg.a"]
+
+
+def test_a_planted_three_module_cycle_is_found() -> None:
+    sources = _planted(
+        pkg_x_one="from . import two\n",  # pkg.x.one -> pkg.x.two
+        pkg_x_two="try:\n    from ..y import three\nexcept ImportError:\n    pass\n",
+        pkg_y_three="class C:\n    from pkg.x.one import f\n",
+        pkg_y="import os\n",
+    )
+    assert import_cycles(import_graph(sources)) == [
+        "pkg.x.one -> pkg.x.two -> pkg.y.three -> pkg.x.one"
+    ]
+
+
+def test_a_planted_acyclic_set_passes_and_late_imports_do_not_count() -> None:
+    sources = _planted(
+        pkg_a="import pkg.b\nimport pkg.c as c\n",
+        pkg_b="from pkg.c import f\n",
+        pkg_c="""\
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                from pkg.a import A
+            def f():
+                from pkg import a
+            """,
+    )
+    graph = import_graph(sources)
+    assert graph == {"pkg.a": {"pkg.b", "pkg.c"}, "pkg.b": {"pkg.c"}, "pkg.c": set()}
+    assert import_cycles(graph) == []
+    late = import_cycles(import_graph(sources, functions=True))
+    assert late == ["pkg.a -> pkg.c -> pkg.a"]  # the import inside f, counted on request
