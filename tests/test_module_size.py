@@ -13,6 +13,9 @@ DIRECTORIES = (
     "packages/dew-rl/src/dew/rl",
     "packages/dew/src/dew/inference",
     "packages/dew/src/dew/objectives/rl",
+    "packages/dew/src/dew/sessions",
+    "packages/dew/src/dew/rollouts",
+    "packages/dew/src/dew/rollouts/episodes",
 )
 
 
