@@ -325,13 +325,15 @@ def test_allowed_inner_import_passes(module: str, source: str) -> None:
 
 
 # ----------------------------------------------------------------------------- no cycles
-def module_level_imports(source: str, module: str, is_package: bool, *, functions: bool = False):
-    """The modules ``source`` imports when it is imported, with line numbers.
+def module_level_imports(
+    source: str, module: str, is_package: bool, *, functions: bool = False
+) -> list[tuple[int, list[str]]]:
+    """What ``source`` imports when it is imported: ``(line, [target, *target.names])``.
 
     Imports inside functions run later and are left out (unless ``functions``), and so are
     those under ``if TYPE_CHECKING:`` (its ``else`` branch counts); class bodies, ``try``,
-    ``with`` and other blocks at module level count. ``from x import y`` names ``x.y`` when
-    ``y`` may be a submodule; ``import_graph`` keeps whichever names a module of the set.
+    ``with`` and other blocks at module level count. ``from x import y`` lists ``x`` and
+    ``x.y`` (``y`` may be a submodule); ``import_graph`` decides which one is read.
     """
     package = module if is_package else module.rpartition(".")[0]
     found: list[tuple[int, list[str]]] = []
