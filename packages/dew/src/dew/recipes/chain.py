@@ -20,8 +20,11 @@ training. The name only labels the directory; it never changes how data is read.
 GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sample`` (the
 sampler's top-k), ``temperature`` (the rollout samples at it and the objective scores at the
 same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
-the reward reads). Left unset they keep ``SampledRollout``'s defaults: temperature 1, no end
-id, and token ids separated by spaces as the reward's text.
+the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``epsilon_low``,
+``epsilon_high`` and ``dual_clip`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
+grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
+keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
+ids separated by spaces as the reward's text, and the dual-clipped PPO loss.
 """
 
 from __future__ import annotations
@@ -36,16 +39,14 @@ from typing import Any
 import jax
 
 from dew.checks import is_int
-from dew.data.chat import ChatMessages, Role
+from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
-
-DEFAULT_DPO_BETA = 0.1
-DEFAULT_GRPO_BETA = 0.0
+from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(GRPOLoss):
     """One stage of a chain.
 
     Attributes:
@@ -64,6 +65,9 @@ class Stage:
         ``max_new_tokens``).
       decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
         separated by spaces).
+      policy_loss, aggregation, epsilon_low, epsilon_high, dual_clip: GRPO's loss options,
+        keyword-only (``dew.recipes.stages.GRPOLoss``, the same keys as ``dew train grpo``'s
+        ``objective`` section).
     """
 
     name: str
@@ -129,6 +133,13 @@ class Stage:
                 f"Stage.temperature ({self.name}): expected a finite number > 0, "
                 f"got {self.temperature!r}"
             )
+        for option in self.changed_loss_options():
+            if not isinstance(self.data, Prompts):
+                raise ValueError(
+                    f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage takes it, "
+                    f"this stage's data is {type(self.data).__name__}"
+                )
+        self.check_loss(lambda key: f"Stage.{key} ({self.name})")
         if self.decode is not None and not callable(self.decode):
             raise TypeError(
                 f"Stage.decode ({self.name}): expected a callable ids -> str, "
@@ -200,46 +211,21 @@ class Recipe:
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
         """The objective and rollout (None unless GRPO) a stage trains with."""
         data = stage.data
-        if stage.kind == "sft":
-            from dew.objectives.lm import LMObjective
-
-            return (
-                LMObjective(self.model, data.seq_len, pretrained=start, loss_role=Role.ASSISTANT),
-                None,
-            )
+        options: dict[str, Any] = {}
         if stage.kind == "dpo":
-            from dew.objectives.rl.dpo import DPOObjective
-
-            beta = DEFAULT_DPO_BETA if stage.beta is None else stage.beta
-            nll_weight = 0.0 if stage.nll_weight is None else stage.nll_weight
-            dpo = DPOObjective(
-                self.model, data.seq_len - 1, beta=beta, pretrained=start, nll_weight=nll_weight
-            )
-            return dpo, None
-        from dew.objectives.rl.grpo import GRPOObjective
-        from dew.rollouts.sampled import SampledRollout
-        from dew.sampling import Sampling
-
-        beta = DEFAULT_GRPO_BETA if stage.beta is None else stage.beta
-        width = data.max_prompt_len + stage.max_new_tokens
-        objective = GRPOObjective(
-            self.model,
-            width - 1,
-            beta=beta,
-            pretrained=start,
-            sampling_temperature=stage.temperature,
-        )
-        assert stage.reward is not None
-        temperature = 1.0 if stage.temperature is None else float(stage.temperature)
-        rollout = SampledRollout(
-            objective,
-            stage.reward,
-            groups=stage.groups,
-            max_new_tokens=stage.max_new_tokens,
-            sampling=Sampling(temperature=temperature, top_k=stage.sample, eos_id=stage.eos_id),
-            decode=stage.decode,
-        )
-        return objective, rollout
+            options = {"beta": stage.beta, "nll_weight": stage.nll_weight}
+            width = data.seq_len
+        elif stage.kind == "grpo":
+            options = {"beta": stage.beta, "groups": stage.groups,
+                       "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
+                       "top_k": stage.sample, "eos_id": stage.eos_id,
+                       **{key: getattr(stage, key) for key in LOSS_KEYS}}  # fmt: skip
+            width = data.max_prompt_len + stage.max_new_tokens
+        else:  # the SFT row is seq_len + 1 ids wide
+            width = data.seq_len + 1
+        return build_stage(stage.kind, self.model, width, options, pretrained=start,
+                           reward=stage.reward, decode=stage.decode,
+                           where=f"Stage ({stage.name})")  # fmt: skip
 
     def run(self) -> list[Any]:
         """Train (or restore) every stage in order; returns each stage's final ``TrainState``."""

@@ -46,6 +46,7 @@ from dew.recipes.references import load_reward, local_path
 from dew.recipes.schema import (
     ConfigError,
     apply_override,
+    check_value,
     directory_path,
     load_file,
     unknown_key,
@@ -105,6 +106,15 @@ def _stage_keys() -> list[str]:
     from dew.recipes.chain import Stage
 
     return [f.name for f in dataclasses.fields(Stage)] + ["optimizer", "schedule"]
+
+
+def _loss_hints() -> dict[str, Any]:
+    import typing
+
+    from dew.recipes.stages import LOSS_KEYS, GRPOLoss
+
+    hints = typing.get_type_hints(GRPOLoss)
+    return {key: hints[key] for key in LOSS_KEYS}
 
 
 def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Any:
@@ -175,6 +185,9 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
             f"{where}.schedule",
         )
         data = _dataset(spec.pop("data", None), base, f"{where}.data")
+        for key, tp in _loss_hints().items():  # typed as dew train grpo's objective keys
+            if key in spec:
+                spec[key] = check_value(spec[key], tp, f"{where}.{key}")
         reward = spec.pop("reward", None)
         if reward is not None:
             reward = load_reward(reward, f"{where}.reward")

@@ -13,6 +13,7 @@ may change between runs).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
 from dew.recipes.references import load_reward
 from dew.recipes.schema import ConfigError
+from dew.recipes.stages import build_stage
 from dew.recipes.train_config import TrainConfig
 
 
@@ -198,45 +200,22 @@ def prepare(config: TrainConfig) -> Prepared:
     model, pretrained = build_model(
         config.model, vocab_size=vocab, max_seq_len=room, length_from=why
     )
-    o = config.objective
-    rollout = None
-    if config.kind in ("lm", "sft"):
-        from dew.data.chat import Role
-        from dew.objectives.lm import LMObjective
-
-        loss_role = None if config.kind == "lm" or o.all_tokens else Role.ASSISTANT
-        objective: Any = LMObjective(model, width - 1, pretrained=pretrained,
-                                     loss_role=loss_role, ema_decay=o.ema_decay)  # fmt: skip
-    elif config.kind == "dpo":
-        from dew.objectives.rl.dpo import DPOObjective
-
-        objective = DPOObjective(
-            model, width - 1, beta=o.beta, pretrained=pretrained, nll_weight=o.nll_weight
-        )
-    else:
-        from dew.objectives.rl.grpo import GRPOObjective
-        from dew.rollouts.sampled import SampledRollout
-        from dew.sampling import Sampling
-
-        decode = None
-        eos = o.eos_id
+    options = {k: v for k, v in dataclasses.asdict(config.objective).items() if k != "reward"}
+    if config.kind == "lm":
+        options.pop("all_tokens")
+    reward: Callable[..., float] | None = None
+    decode: Callable[[Any], str] | None = None
+    if config.kind == "grpo":
+        reward = _reward(config.objective.reward)
         if config.data.tokenizer is not None:
             from dew.data.chat.template import load_chat_tokenizer
 
             tok = load_chat_tokenizer(config.data.tokenizer, "data.tokenizer")
             decode = tok.decode
-            if eos is None and tok.special.get("eos_token"):
-                eos = tok.tokenizer.token_to_id(tok.special["eos_token"])
-        objective = GRPOObjective(model, width - 1, beta=o.beta, pretrained=pretrained,
-                                  sampling_temperature=o.temperature)  # fmt: skip
-        rollout = SampledRollout(
-            objective,
-            _reward(o.reward),
-            groups=o.groups,
-            max_new_tokens=o.max_new_tokens,
-            sampling=Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=eos),
-            decode=decode,
-        )
+            if options["eos_id"] is None and tok.special.get("eos_token"):
+                options["eos_id"] = tok.tokenizer.token_to_id(tok.special["eos_token"])
+    objective, rollout = build_stage(config.kind, model, width, options, pretrained=pretrained,
+                                     reward=reward, decode=decode)  # fmt: skip
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", vocab))
     return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab)
 
@@ -328,8 +307,6 @@ def write_config(config: TrainConfig) -> None:
 
 def run_train(config: TrainConfig) -> Any:
     """Train ``config`` to ``config.run.steps`` (resuming when it can); the final state."""
-    import dataclasses
-
     import jax
 
     from dew.trainer import Trainer

@@ -30,6 +30,7 @@ from dew.recipes.builder import (
 )
 from dew.recipes.references import local_path
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
+from dew.recipes.stages import GRPOLoss
 
 KINDS = ("lm", "sft", "dpo", "grpo")
 SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective")
@@ -171,9 +172,11 @@ class DPOObjectiveConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOObjectiveConfig:
+class GRPOObjectiveConfig(GRPOLoss):
     """The rollout and loss of GRPO: ``reward`` is ``module:function`` (or a class, made with
-    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient."""
+    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient; the loss keys
+    (``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``) are
+    ``dew.recipes.stages.GRPOLoss``'s."""
 
     reward: str = "dew.rewards:MathReward"
     groups: int = 4
@@ -194,6 +197,7 @@ class GRPOObjectiveConfig:
         positive(self.temperature, "objective.temperature")
         positive(self.top_k, "objective.top_k")
         positive(self.eos_id, "objective.eos_id", allow_zero=True)
+        self.check_loss(lambda key: f"objective.{key}")
 
 
 DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData}

@@ -1,0 +1,154 @@
+"""The stage factory: a stage kind and its options -> the objective and (GRPO) the rollout.
+
+Both front ends go through ``build_stage``: ``dew train`` (``dew.recipes.train``, options
+from the ``objective`` section) and ``dew chain`` / ``Recipe`` (``dew.recipes.chain``,
+options from a ``Stage``). Each passes a mapping of the kind's option keys:
+
+=========  =========================================================================
+lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``
+dpo        ``beta`` (default 0.1), ``nll_weight`` (default 0)
+grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``, ``top_k``,
+           ``eos_id`` and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
+           ``epsilon_low``, ``epsilon_high``, ``dual_clip``)
+=========  =========================================================================
+
+``GRPOLoss`` is the one schema of ``GRPOObjective``'s loss options: ``dew train grpo``'s
+``objective`` section and a chain ``Stage`` both inherit its fields, so a loss option added
+there is settable as ``--set objective.<name>=...`` and as a chain stage key at once.
+An unknown option key is refused naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from dew.recipes.schema import ConfigError, unknown_key
+
+KINDS = ("lm", "sft", "dpo", "grpo")
+DEFAULT_DPO_BETA = 0.1
+DEFAULT_GRPO_BETA = 0.0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GRPOLoss:
+    """``GRPOObjective``'s loss options (see its docstring; the defaults are its own).
+
+    Attributes:
+      policy_loss: ``"ppo"`` (dual-clipped token surrogate), ``"gspo"`` or ``"cispo"``.
+      aggregation: ``"token-mean"`` or ``"session-mean"``.
+      epsilon_low, epsilon_high: the PPO clip range ``[1 - low, 1 + high]``.
+      dual_clip: verl's ``clip_ratio_c`` (> 1); None disables it.
+    """
+
+    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    aggregation: Literal["token-mean", "session-mean"] = "token-mean"
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.2
+    dual_clip: float | None = 3.0
+
+    def loss_options(self) -> dict[str, Any]:
+        """The loss keys and their values, as ``GRPOObjective`` takes them."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOLoss)}
+
+    def changed_loss_options(self) -> list[str]:
+        """The loss keys set away from their defaults."""
+        return [f.name for f in dataclasses.fields(GRPOLoss) if getattr(self, f.name) != f.default]
+
+    def check_loss(self, label: Callable[[str], str]) -> None:
+        """Check the loss keys as ``GRPOObjective`` would; ``label(key)`` names a bad one."""
+        from dew.objectives.rl.policy_options import PolicyLossOptions
+
+        try:
+            PolicyLossOptions(**self.loss_options())
+        except (TypeError, ValueError) as err:
+            key, _, rest = str(err).partition(": ")
+            raise ConfigError(f"{label(key)}: {rest}") from None
+
+
+LOSS_KEYS = tuple(f.name for f in dataclasses.fields(GRPOLoss))
+OPTION_KEYS = {
+    "lm": ("ema_decay",),
+    "sft": ("all_tokens", "ema_decay"),
+    "dpo": ("beta", "nll_weight"),
+    "grpo": ("beta", "groups", "max_new_tokens", "temperature", "top_k", "eos_id", *LOSS_KEYS),
+}
+
+
+def build_stage(
+    kind: str,
+    model: Any,
+    width: int,
+    options: Mapping[str, Any],
+    *,
+    pretrained: Any = None,
+    reward: Callable[..., float] | None = None,
+    decode: Callable[[Any], str] | None = None,
+    where: str = "objective",
+) -> tuple[Any, Any]:
+    """The objective of a ``kind`` stage over rows of ``width`` ids (it predicts
+    ``width - 1``), and its rollout (None unless GRPO, which needs ``reward``).
+
+    ``options`` holds the kind's keys (``OPTION_KEYS``); a key left out takes the default, an
+    unknown one is refused naming ``where``.
+    """
+    if kind not in KINDS:
+        raise ConfigError(f"kind: expected one of {', '.join(KINDS)}, got {kind!r}")
+    for key in options:
+        if key not in OPTION_KEYS[kind]:
+            raise unknown_key(where, str(key), OPTION_KEYS[kind])
+    o = dict(options)
+    if kind in ("lm", "sft"):
+        from dew.data.chat import Role
+        from dew.objectives.lm import LMObjective
+
+        loss_role = None if kind == "lm" or o.get("all_tokens") else Role.ASSISTANT
+        objective: Any = LMObjective(model, width - 1, pretrained=pretrained,
+                                     loss_role=loss_role, ema_decay=o.get("ema_decay"))  # fmt: skip
+        return objective, None
+    beta = o.get("beta")
+    if kind == "dpo":
+        from dew.objectives.rl.dpo import DPOObjective
+
+        objective = DPOObjective(
+            model,
+            width - 1,
+            beta=DEFAULT_DPO_BETA if beta is None else beta,
+            pretrained=pretrained,
+            nll_weight=o.get("nll_weight") or 0.0,
+        )
+        return objective, None
+    from dew.objectives.rl.grpo import GRPOObjective
+    from dew.rollouts.sampled import SampledRollout
+    from dew.sampling import Sampling
+
+    if reward is None:
+        raise ConfigError(f"{where}.reward: a GRPO stage needs a reward")
+    loss = GRPOLoss(**{k: o[k] for k in LOSS_KEYS if k in o})
+    temperature = o.get("temperature")
+    objective = GRPOObjective(
+        model,
+        width - 1,
+        beta=DEFAULT_GRPO_BETA if beta is None else beta,
+        pretrained=pretrained,
+        sampling_temperature=temperature,
+        **loss.loss_options(),
+    )
+    rollout = SampledRollout(
+        objective,
+        reward,
+        groups=o.get("groups", 4),
+        max_new_tokens=o.get("max_new_tokens", 16),
+        sampling=Sampling(
+            temperature=1.0 if temperature is None else float(temperature),
+            top_k=o.get("top_k"),
+            eos_id=o.get("eos_id"),
+        ),
+        decode=decode,
+    )
+    return objective, rollout
+
+
+__all__ = ["DEFAULT_DPO_BETA", "DEFAULT_GRPO_BETA", "GRPOLoss", "KINDS", "LOSS_KEYS",
+           "OPTION_KEYS", "build_stage"]  # fmt: skip

@@ -1,0 +1,133 @@
+"""``dew.recipes.stages``: one factory (and one GRPO loss schema) behind ``dew train`` and
+``dew chain``: a loss option is settable from both, and both build the same objective."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dew.cli import build_parser, main, train_mapping
+from dew.recipes.cli import recipe_from_config
+from dew.recipes.schema import ConfigError
+from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
+from dew.recipes.train import prepare
+from dew.recipes.train_config import train_config
+
+MODEL = {"name": "qwen3", "vocab_size": 64, "emb_features": 16, "num_layers": 1,
+         "num_heads": 2, "mlp_features": 32, "max_seq_len": 64}  # fmt: skip
+PROMPTS = [{"prompt": [1, 2, 3], "ground_truth": "7"}, {"prompt": [4, 5], "ground_truth": "9"}]
+# every GRPO option both front ends spell alike, each away from its default
+SHARED = {"beta": 0.05, "groups": 3, "max_new_tokens": 5, "temperature": 0.7, "eos_id": 2,
+          "policy_loss": "gspo", "aggregation": "session-mean", "epsilon_low": 0.1,
+          "epsilon_high": 0.3, "dual_clip": None}  # fmt: skip
+
+
+def low(data_source, completion, ground_truth, extra_info):
+    return 0.0
+
+
+@pytest.fixture()
+def prompts(tmp_path, monkeypatch):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS))
+    (tmp_path / "rewards_stages.py").write_text(
+        "def low(data_source, completion, ground_truth, extra_info):\n    return 0.0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def train_argv(prompts, *sets):
+    argv = ["train", "grpo", "--data", str(prompts), "--run-dir", str(prompts.parent / "run"),
+            "--steps", "1", "--max-prompt-len", "4", "--reward", "rewards_stages:low"]  # fmt: skip
+    for key, value in MODEL.items():
+        argv += ["--set", f"model.{key}={value}"]
+    for assignment in sets:
+        argv += ["--set", assignment]
+    return argv
+
+
+def train_objective(prompts, *sets):
+    args = build_parser().parse_args(train_argv(prompts, *sets))
+    prepared = prepare(train_config(train_mapping(args), "grpo"))
+    return prepared.objective, prepared.rollout
+
+
+def test_train_grpo_sets_policy_loss(prompts):
+    objective, _ = train_objective(prompts, "objective.policy_loss=cispo")
+    assert objective.policy_loss == "cispo"
+    objective, _ = train_objective(prompts)
+    assert objective.policy_loss == "ppo"  # GRPOObjective's default
+
+
+def test_train_grpo_refuses_an_unknown_policy_loss_in_one_line(prompts, capsys):
+    status = main(train_argv(prompts, "objective.policy_loss=reinforce"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1, err
+    assert "objective.policy_loss: expected one of ppo, gspo, cispo, got 'reinforce'" in err[0]
+
+
+def chain_objective(prompts, options):
+    stage = {"name": "g", "steps": 1, "reward": "rewards_stages:low", **options,
+             "data": {"type": "Prompts", "path": str(prompts), "max_prompt_len": 4}}  # fmt: skip
+    path = prompts.parent / "chain.json"
+    config = {"output": str(prompts.parent / "chain"), "batch": 2, "model": MODEL,
+              "optimizer": {"name": "adam", "learning_rate": 1e-3}, "stages": [stage]}  # fmt: skip
+    path.write_text(json.dumps(config))
+    recipe = recipe_from_config(path)
+    return recipe.objective(recipe.stages[0], None)
+
+
+def settings(objective, rollout):
+    return (objective.seq_len, objective.loss_options, objective.sampling_temperature,
+            rollout.groups, rollout.max_new_tokens, rollout.sampling)  # fmt: skip
+
+
+def test_chain_and_train_build_equal_objectives_from_the_same_options(prompts):
+    sets = [f"objective.{k}={'null' if v is None else v}" for k, v in SHARED.items()]
+    trained = train_objective(prompts, *sets, "objective.top_k=5")
+    chained = chain_objective(prompts, {**SHARED, "sample": 5})
+    assert settings(*trained) == settings(*chained)
+    loss = trained[0].loss_options
+    assert (loss.policy_loss, loss.aggregation, loss.dual_clip) == ("gspo", "session-mean", None)
+    assert trained[1].sampling.top_k == 5 and trained[1].sampling.eos_id == 2
+
+
+def test_every_loss_key_reaches_the_objective():
+    # a key added to GRPOLoss is a GRPOObjective keyword, read back from its loss options
+    import dew.models
+
+    model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
+    options = {"policy_loss": "cispo", "aggregation": "session-mean", "epsilon_low": 0.15,
+               "epsilon_high": 0.25, "dual_clip": 4.0}  # fmt: skip
+    assert set(options) == set(LOSS_KEYS)
+    objective, _ = build_stage("grpo", model, 8, options, reward=low)
+    assert {k: getattr(objective.loss_options, k) for k in LOSS_KEYS} == options
+    assert GRPOLoss(**options).loss_options() == options
+
+
+def test_unknown_option_keys_are_refused_by_name(prompts, capsys):
+    status = main(train_argv(prompts, "objective.policy_los=gspo"))
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err
+    assert "objective.policy_los: unknown key; did you mean 'policy_loss'?" in err
+    with pytest.raises(ConfigError, match=r"stages\.0\.policy_los: unknown key; did you mean "):
+        chain_objective(prompts, {"policy_los": "gspo"})
+    with pytest.raises(ConfigError, match=r"stages\.0\.policy_loss: expected one of ppo, gspo"):
+        chain_objective(prompts, {"policy_loss": "reinforce"})
+    with pytest.raises(ConfigError, match=r"objective\.policy_los: unknown key"):
+        build_stage("grpo", None, 8, {"policy_los": "gspo"}, reward=low)
+    with pytest.raises(ConfigError, match=r"objective\.nll_weight: unknown key"):
+        build_stage("grpo", None, 8, {"nll_weight": 1.0}, reward=low)
+
+
+def test_a_loss_option_on_a_non_grpo_stage_is_refused():
+    from dew.data.preference import PreferencePairs
+    from dew.recipes.chain import Stage
+
+    pair = {"chosen": [5, 6, 7], "rejected": [5, 6, 9], "chosen_mask": [0, 1, 1],
+            "rejected_mask": [0, 1, 1]}  # fmt: skip
+    pairs = PreferencePairs(records=(json.dumps(pair),), seq_len=8)
+    with pytest.raises(ValueError, match=r"Stage.policy_loss \(d\): only a Prompts \(GRPO\)"):
+        Stage("d", pairs, steps=1, policy_loss="gspo")
