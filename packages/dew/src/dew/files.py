@@ -5,6 +5,7 @@ block ends cleanly the data is flushed and fsynced and ``os.replace`` moves it o
 (atomic on POSIX within one file system). When the block raises, the temporary file is
 removed and ``path`` is left as it was. ``atomic_path(path)`` does the same for writers that
 want a file name instead of an open file (a tokenizer's ``save(path)``, for instance).
+``write_bytes``, ``write_text`` and ``write_json`` write a whole value that way in one call.
 
 The new file gets the permissions ``open()`` would give it (``0o666`` less the umask), not
 the private ``0o600`` of a temporary file.
@@ -16,6 +17,7 @@ This module imports only the standard library, so every part of ``dew`` may use 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Iterator
@@ -73,4 +75,35 @@ def atomic_write(
             handle.flush()
 
 
-__all__ = ["atomic_path", "atomic_write"]
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    with atomic_write(path, "wb") as handle:
+        handle.write(data)
+
+
+def write_text(path: str | os.PathLike[str], text: str, *, encoding: str = "utf-8") -> None:
+    """Write ``text`` to ``path`` atomically (temporary file, fsync, ``os.replace``)."""
+    with atomic_write(path, "w", encoding=encoding) as handle:
+        handle.write(text)
+
+
+def write_json(
+    path: str | os.PathLike[str],
+    value: Any,
+    *,
+    indent: int | None = None,
+    sort_keys: bool = False,
+    newline: bool = False,
+) -> None:
+    """Write ``value`` as JSON (UTF-8) to ``path`` atomically, as ``json.dump`` writes it.
+
+    ``newline`` ends the file with a line break. A value ``json`` cannot encode raises before
+    anything is moved onto ``path``.
+    """
+    with atomic_write(path, "w") as handle:
+        json.dump(value, handle, indent=indent, sort_keys=sort_keys)
+        if newline:
+            handle.write("\n")
+
+
+__all__ = ["atomic_path", "atomic_write", "write_bytes", "write_json", "write_text"]
