@@ -124,7 +124,7 @@ def test_plot_draws_one_panel_per_quantity(tmp_path):
         Figure.savefig = original  # type: ignore[method-assign]
     image = read_image(str(tmp_path / "plot.png"))
     assert image.shape[0] > 400 and image.shape[1] > 600
-    assert not list(tmp_path.glob(".tmp-*"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plot.png"]  # no temporary left
     (figure,) = drawn
     titles = [ax.get_title() for ax in figure.axes]
     assert len(titles) == 6 and len(set(titles)) == 6

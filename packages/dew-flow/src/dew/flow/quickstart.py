@@ -30,6 +30,7 @@ import optax
 
 from dew import Trainer
 from dew.data import Dataset
+from dew.files import write_json
 from dew.flow import shapes
 from dew.flow.grpo import FlowGRPOObjective
 from dew.flow.inputs import Field, InputSpec
@@ -87,14 +88,6 @@ class Settings:
             pretrain_steps=max(1, round(self.pretrain_steps * factor)),
             rl_steps=max(1, round(self.rl_steps * factor)),
         )
-
-
-def _atomic_json(path: str, value: Any) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _pretrain_batches(settings: Settings) -> Any:
@@ -205,7 +198,9 @@ def run(run_dir: str, settings: Settings, progress: bool | None = None) -> dict[
         "grid": os.path.basename(grid_path),
         "grid_layout": "held-out samples: top rows before Flow-GRPO, bottom rows after",
     }
-    _atomic_json(os.path.join(run_dir, "summary.json"), summary)
+    write_json(
+        os.path.join(run_dir, "summary.json"), summary, indent=2, sort_keys=True, newline=True
+    )
     print(f"[flow] summary: {os.path.join(run_dir, 'summary.json')}  grid: {grid_path}", flush=True)
     return summary
 

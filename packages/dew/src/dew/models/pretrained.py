@@ -30,6 +30,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
+from dew.files import write_json
 from dew.models import safetensors_io
 from dew.models.config import DecoderConfig, dtype_name
 from dew.models.decoder import CausalTransformer
@@ -237,9 +238,9 @@ class Pretrained:
                     weight_map.update({key: file for key in shard})
                 total = sum(a.nbytes for a in tensors.values())
                 index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-                _write_json(staging / INDEX, index)
+                write_json(staging / INDEX, index, indent=2, sort_keys=True)
                 written.append(INDEX)
-            _write_json(staging / "config.json", config)
+            write_json(staging / "config.json", config, indent=2, sort_keys=True)
             written.append("config.json")
             directory.mkdir(exist_ok=True)
             stale = _previous_weight_files(directory)
@@ -258,10 +259,3 @@ def _previous_weight_files(directory: Path) -> set[str]:
         if (directory / name).exists():
             found.add(name)
     return found
-
-
-def _write_json(path: Path, payload: Mapping) -> None:
-    with open(path, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-import tempfile
 from collections.abc import Sequence
+
+from dew.files import atomic_path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,13 +121,5 @@ def write_plot(path: str, stages: Sequence[StageSeries], title: str = "dew quick
     ax.set_title("Time per stage")
     ax.legend(loc="upper right")
 
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        figure.savefig(tmp, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as temp:
+        figure.savefig(temp, format="png")

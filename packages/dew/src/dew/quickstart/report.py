@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from dew.files import atomic_write
+from dew import files
 from dew.quickstart.plot import StageSeries, write_plot
 
 
@@ -16,8 +16,7 @@ def write_json(path: str, value: Any) -> None:
     """Write ``value`` as JSON atomically (temporary file in the same folder, ``os.replace``)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    with atomic_write(path, "w") as f:
-        json.dump(value, f, indent=1)
+    files.write_json(path, value, indent=1)
 
 
 def read_json(path: str) -> Any:

@@ -43,6 +43,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from dew.files import write_bytes
 from dew.trainer import checkpoint_files as files
 from dew.trainer import checkpoint_npz
 
@@ -256,7 +257,7 @@ def _save(
             "processes": jax.process_count(),
             "extra": extra or {},
         }
-        files.write_file(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
+        write_bytes(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1).encode())
         files.fsync_dir(tmp)
         if os.path.exists(final):  # the same step saved again (a resumed run): swap it out
             old = os.path.join(root, f".tmp-old-{uuid.uuid4().hex}")

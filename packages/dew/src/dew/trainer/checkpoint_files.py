@@ -32,14 +32,6 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_file(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` and fsync it (the caller renames the directory it sits in)."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def listing(root: str) -> list[str]:
     """Every regular file under ``root``, as sorted paths relative to it (``/``-separated)."""
     found = []

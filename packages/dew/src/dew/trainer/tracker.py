@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from dew.checks import is_real
+from dew.files import write_text
 
 TRACKERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 
@@ -66,13 +67,6 @@ def _read_id(path: str) -> str | None:
         return None
 
 
-def _write_id(path: str, value: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(value)
-    os.replace(tmp, path)
-
-
 class JsonlTracker:
     """Appends records to ``path`` (one JSON object a line), flushed after each; a NaN or
     infinite value is written as ``null``.
@@ -98,12 +92,7 @@ class JsonlTracker:
                     continue  # a line cut by a kill
                 if isinstance(record, dict) and int(record.get("step", 0)) <= step:
                     keep.append(json.dumps(record) + "\n")
-        tmp = f"{self.path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_text(self.path, "".join(keep))
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
@@ -154,7 +143,7 @@ class WandbTracker:
         os.makedirs(run_dir, exist_ok=True)
         id_path = os.path.join(run_dir, "wandb_run_id")
         run_id = _read_id(id_path) or uuid.uuid4().hex[:12]
-        _write_id(id_path, run_id)
+        write_text(id_path, run_id)
         self._run = wandb.init(
             project=project,
             dir=run_dir,
@@ -227,7 +216,7 @@ class MlflowTracker:
         run_id = _read_id(id_path)
         if run_id is None:
             run_id = self.client.create_run(experiment_id).info.run_id
-            _write_id(id_path, run_id)
+            write_text(id_path, run_id)
             params = config_params(run_dir)
             if params:
                 from mlflow.entities import Param
