@@ -268,7 +268,7 @@ INNER_PLANTED = [
     ("dew.objectives.rl.ppo", "from dew import rollouts\n"),
     ("dew.files", "from dew.checks import is_int\n"),
     ("dew.checks", "import dew.models\n"),
-    ("dew.progress", "from dew.trainer.progress import Progress\n"),
+    ("dew.progress", "from dew.trainer import Trainer\n"),
 ]
 
 

@@ -20,9 +20,9 @@ import dew.trainer.trainer as trainer_module
 from dew import models
 from dew.data import Dataset
 from dew.objectives.lm import LMObjective
+from dew.progress import Progress
 from dew.testing import TerminalStream
 from dew.trainer import Trainer
-from dew.trainer.progress import Progress
 from dew.trainer.tracker import JsonlTracker, MlflowTracker, TensorBoardTracker, WandbTracker
 
 SEQ, VOCAB = 8, 32
@@ -153,7 +153,7 @@ def test_progress_draws_a_tqdm_bar_on_a_terminal():
 def test_the_eta_leaves_out_the_time_before_the_first_logged_step(monkeypatch):
     """A resumed run spends a minute restoring and compiling before step 11, then 1 s a
     step: the ETA at step 12 is 88 s, not (61 + 1) s a step times 88."""
-    import dew.trainer.progress as progress_module
+    import dew.progress as progress_module
 
     clock = iter([0.0, 61.0, 62.0, 63.0])
     monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))

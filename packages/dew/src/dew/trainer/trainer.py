@@ -24,10 +24,10 @@ from dew.objectives.base import (
     token_fields_of,
     validate_ema_decay,
 )
+from dew.progress import Progress
 from dew.rollouts.protocol import Rollout
 from dew.trainer import checkpoint as ckpt
 from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
-from dew.trainer.progress import Progress
 from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
 from dew.trainer.step import make_init, make_step
