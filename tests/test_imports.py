@@ -9,6 +9,8 @@ imports included). The rules:
   ``dew.rollouts`` (GAE at collection) may import ``dew.rl``;
 * ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
 * ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
+* only ``dew.quickstart`` itself and ``dew.cli`` import ``dew.quickstart`` (the demo is no
+  library: what other modules need from it lives elsewhere, the PNG writer in ``dew.png``);
 * no import cycle (``import_cycles``) between the modules of all five distributions: none
   through the imports that run at module level (not inside functions, not under
   ``if TYPE_CHECKING:``), and, stricter, none even counting the imports inside functions;
@@ -20,7 +22,8 @@ imports included). The rules:
   (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
   ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
   ``dew.files``, ``dew.checks`` and ``dew.progress``, which import nothing of ``dew``, and
-  neither does ``dew.rollouts.protocol``.
+  neither does ``dew.rollouts.protocol``; ``dew.png`` imports nothing of ``dew`` but the
+  leaves.
 
 The checkers are also run on planted violations (and the cycle finder on planted two- and
 three-module cycles and an acyclic set), so a checker that silently accepts everything
@@ -42,6 +45,8 @@ RL_ALLOWED_THIRD_PARTY = {"jax", "jaxlib", "numpy"}
 #: The parts of the dew distribution that may read dew.rl: the losses, the session helpers
 #: that compute advantages, and the collectors that compute GAE at collection time.
 RL_READERS = ("dew.objectives", "dew.sessions", "dew.rollouts")
+#: The only modules that may import dew.quickstart: the quickstart itself and the CLI.
+QUICKSTART_READERS = ("dew.quickstart", "dew.cli")
 
 
 def module_name(path: pathlib.Path, src: pathlib.Path) -> str:
@@ -96,6 +101,10 @@ def violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
             for satellite in SATELLITES:
                 if _within(name, satellite):
                     bad.append(f"{module}:{line} dew imports {satellite} ({name})")
+        if _within(name, "dew.quickstart") and not any(
+            _within(module, reader) for reader in QUICKSTART_READERS
+        ):
+            bad.append(f"{module}:{line} only {', '.join(QUICKSTART_READERS)} import {name}")
         if _within(module, "dew.flow"):
             for other in ("dew.rollout", "dew.sandbox"):
                 if _within(name, other):
@@ -149,6 +158,10 @@ PLANTED = [
     ("dew.inference.generation", "from ..rollout import Publication\n"),
     ("dew.inference.server", "from dew.rl import gae\n"),
     ("dew.models.decoder", "import dew.rl\n"),
+    ("dew.flow.quickstart", "from dew.quickstart.png import write_png\n"),
+    ("dew.recipes.train", "from dew import quickstart\n"),
+    ("dew.cli_flags", "def f():\n    import dew.quickstart.report\n"),
+    ("dew.sandbox.quickstart", "from dew.quickstart.command import run_command\n"),
 ]
 
 
@@ -170,6 +183,9 @@ ALLOWED = [
     ("dew.rollout.native", "from dew.inference import Server\nimport httpx\n"),
     ("dew.rollout.reload", "from dew.models import Pretrained\nfrom . import http\n"),
     ("dew.trainer.step", "import jax\nfrom dew.models import build\n"),
+    ("dew.cli", "def f():\n    from dew.quickstart.command import run_command\n"),
+    ("dew.quickstart.report", "from dew.quickstart.plot import write_plot\nfrom . import plot\n"),
+    ("dew.flow.quickstart", "from dew.png import write_png\nfrom dew.files import write_json\n"),
 ]
 
 
@@ -184,6 +200,7 @@ INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) i
     "dew.data": (),
     "dew.models": (),
     "dew.sampling": (),
+    "dew.png": (),
     "dew.inference": ("dew.models", "dew.sampling"),
     "dew.sessions": ("dew.rl",),
     "dew.rollouts": (
@@ -269,6 +286,8 @@ INNER_PLANTED = [
     ("dew.files", "from dew.checks import is_int\n"),
     ("dew.checks", "import dew.models\n"),
     ("dew.progress", "from dew.trainer import Trainer\n"),
+    ("dew.png", "import dew.models\n"),
+    ("dew.png", "from dew.quickstart.plot import write_plot\n"),
 ]
 
 
@@ -316,6 +335,8 @@ INNER_ALLOWED = [
     ("dew.objectives.rl.ppo", "def f():\n    from dew.rollouts.policy import SubtreePolicy\n"),
     ("dew.objectives.rl.sessions", "from dew.sessions.records import Call\n"),
     ("dew.data.prompts", "from dew.progress import TerminalBar\n"),
+    ("dew.png", "import zlib\nimport numpy as np\nfrom dew.files import atomic_write\n"),
+    ("dew.flow.quickstart", "from dew.png import Canvas\n"),
 ]
 
 

@@ -38,7 +38,7 @@ from dew.flow.models import LabelEncoder, SimpleDiT
 from dew.flow.objective import DiffusionObjective
 from dew.flow.presets import Flow
 from dew.flow.rollout import FlowRollout
-from dew.quickstart.png import write_png
+from dew.png import write_png
 
 RL_LABELS = (0, 1, 2, 3)  # squares and disks
 HELD_OUT = (4, 5)  # triangles: measured, never rolled out

@@ -5,6 +5,9 @@ anti-aliasing-free lines by sampling along the segment, filled rectangles and up
 in a built-in 3x5 pixel font, and ``write_png`` encodes it as an 8-bit RGB PNG (one IHDR, one
 zlib-compressed IDAT with filter type 0 on every scanline, IEND; each chunk's CRC-32 from
 ``zlib.crc32``), written atomically.
+
+Any part of ``dew`` (and its satellites) may draw with it: it imports only ``numpy``, the
+standard library and the leaf ``dew.files``.
 """
 
 from __future__ import annotations
