@@ -3,8 +3,9 @@ dtype casting, both likelihoods, and every refusal by name."""
 
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import wait
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -77,19 +78,24 @@ def test_eos_ends_a_draw(pretrained):
 
 def test_load_between_rounds_and_the_oldest_version(pretrained, other):
     core = make_server(pretrained, steps_per_call=1, slots=2)
+    loaded = threading.Event()
+    step = core.step
+
+    def step_then_load() -> Any:
+        # the push lands between two rounds of the server's own loop, right after the long
+        # request's third token (polling from the test thread could miss that window when
+        # the loop keeps the lock on a loaded machine)
+        done = step()
+        active = [r for r in core._active if r is not None]
+        if not loaded.is_set() and active and len(active[0].ids) >= 3:
+            server.load(other.variables, 5)
+            loaded.set()
+        return done
+
+    core.step = step_then_load  # type: ignore[method-assign]
     with NativeRolloutServer(core) as server:
         long = server.submit(PROMPTS[1], 40, seed=11)
-        deadline = time.monotonic() + 120
-        # wait until the long request has decoded a few tokens on the launch weights
-        while time.monotonic() < deadline:
-            with core._lock:
-                active = [r for r in core._active if r is not None]
-                if active and len(active[0].ids) >= 3:
-                    server.load(other.variables, 5)
-                    break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the long request never started")
+        assert loaded.wait(timeout=120), "the long request never reached its third token"
         assert server.version == 5
         after = server.submit(PROMPTS[1], 40, seed=11)
         old, new = long.result(timeout=120), after.result(timeout=120)
