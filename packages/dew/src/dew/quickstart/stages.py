@@ -73,9 +73,7 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-def _conversation(problem: Problem, careless: bool = False) -> dict[str, Any]:
-    answer = problem.careless() if careless else None
-    answer = answer or problem.worked()
+def _conversation(problem: Problem, answer: str) -> dict[str, Any]:
     return {
         "messages": [
             {"role": "user", "content": problem.question},
@@ -116,7 +114,10 @@ def sft_data(ctx: Context) -> ChatMessages:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "sft.jsonl")
     slips = careless(ctx.train, ctx.settings.sft_slip_rate, ctx.settings.seed)
-    rows = [_conversation(p, slip) for p, slip in zip(ctx.train, slips, strict=True)]
+    rows = [
+        _conversation(p, (p.careless() if slip else None) or p.worked())
+        for p, slip in zip(ctx.train, slips, strict=True)
+    ]
     if ctx.settings.code:
         rows += [_code_conversation(p) for p in ctx.train[::4]]
     _write_jsonl(path, rows)
