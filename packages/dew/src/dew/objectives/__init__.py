@@ -4,14 +4,10 @@
 loss for pretraining and SFT. The RL objectives live in ``dew.objectives.rl``.
 """
 
+from dew.lazy import lazy_exports
 from dew.objectives.base import Objective, validate_ema_decay
 
+# Lazy: lm imports dew.models, which may be absent early on.
+__getattr__, __dir__, _lazy = lazy_exports(__name__, {"LMObjective": ".lm"})
+
 __all__ = ["LMObjective", "Objective", "validate_ema_decay"]
-
-
-def __getattr__(name: str):  # lazy: lm imports dew.models, which may be absent early on
-    if name == "LMObjective":
-        from dew.objectives.lm import LMObjective
-
-        return LMObjective
-    raise AttributeError(f"module 'dew.objectives' has no attribute {name!r}")

@@ -5,26 +5,19 @@
 Names resolve lazily so ``import dew.recipes`` stays light.
 """
 
-from __future__ import annotations
+from dew.lazy import lazy_exports
 
-import importlib
-from typing import Any
-
-_HOMES = {
-    "Recipe": "dew.recipes.chain",
-    "Stage": "dew.recipes.chain",
-    "ModelConfig": "dew.recipes.builder",
-    "OptimizerConfig": "dew.recipes.builder",
-    "ScheduleConfig": "dew.recipes.builder",
-    "build_model": "dew.recipes.builder",
-    "build_optimizer": "dew.recipes.builder",
-    "build_schedule": "dew.recipes.builder",
-    "ConfigError": "dew.recipes.schema",
-}
-__all__ = sorted(_HOMES)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _HOMES:
-        return getattr(importlib.import_module(_HOMES[name]), name)
-    raise AttributeError(f"module 'dew.recipes' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "Recipe": ".chain",
+        "Stage": ".chain",
+        "ModelConfig": ".builder",
+        "OptimizerConfig": ".builder",
+        "ScheduleConfig": ".builder",
+        "build_model": ".builder",
+        "build_optimizer": ".builder",
+        "build_schedule": ".builder",
+        "ConfigError": ".schema",
+    },
+)

@@ -15,39 +15,27 @@ The collectors that make sessions inside the trainer live in ``dew.rollouts``. N
 lazily, so reading the records imports neither JAX nor the inference engine.
 """
 
-from __future__ import annotations
+from dew.lazy import lazy_exports
 
-import importlib
-from typing import Any
-
-_NAMES: dict[str, str] = {
-    "Call": "records",
-    "Session": "records",
-    "Status": "records",
-    "Task": "records",
-    "SessionSource": "source",
-    "TRUNCATIONS": "chains",
-    "ESTIMATORS": "advantages",
-    "GROUP_EPSILON": "advantages",
-    "group_advantages": "advantages",
-    "chain_lengths": "packing",
-    "pack": "packing",
-    "rows_needed": "packing",
-    "session_metrics": "metrics",
-    "VerlRowError": "verl",
-    "VerlTrajectory": "verl",
-    "from_verl": "verl",
-    "to_verl": "verl",
-}
-
-
-# Like dew.objectives.rl's: a module-level __getattr__ serves only its own package, so each
-# lazy package keeps its own three lines over its own table.
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew.sessions' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"dew.sessions.{module}"), name)
-
-
-__all__ = sorted(_NAMES)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "Call": ".records",
+        "Session": ".records",
+        "Status": ".records",
+        "Task": ".records",
+        "SessionSource": ".source",
+        "TRUNCATIONS": ".chains",
+        "ESTIMATORS": ".advantages",
+        "GROUP_EPSILON": ".advantages",
+        "group_advantages": ".advantages",
+        "chain_lengths": ".packing",
+        "pack": ".packing",
+        "rows_needed": ".packing",
+        "session_metrics": ".metrics",
+        "VerlRowError": ".verl",
+        "VerlTrajectory": ".verl",
+        "from_verl": ".verl",
+        "to_verl": ".verl",
+    },
+)

@@ -1,13 +1,8 @@
-"""Chat data for SFT: ``Role`` and ``ChatMessages``."""
+"""Chat data for SFT: ``Role`` and ``ChatMessages`` (which resolves lazily)."""
 
 from dew.data.chat.roles import Role
+from dew.lazy import lazy_exports
+
+__getattr__, __dir__, _lazy = lazy_exports(__name__, {"ChatMessages": ".messages"})
 
 __all__ = ["ChatMessages", "Role"]
-
-
-def __getattr__(name: str):
-    if name == "ChatMessages":
-        from dew.data.chat.messages import ChatMessages
-
-        return ChatMessages
-    raise AttributeError(f"module 'dew.data.chat' has no attribute {name!r}")
