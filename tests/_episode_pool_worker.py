@@ -37,8 +37,9 @@ def main() -> None:
 
     from dew.data.dataset import Dataset
     from dew.inference import TextGeneration
+    from dew.objectives.rl import EpisodeRollout
     from dew.objectives.rl.grpo import GRPOObjective
-    from dew.rollouts.episodes import EpisodeRollout, EpisodeStatus, Observation
+    from dew.rollouts.episodes import EpisodeStatus, Observation
     from dew.rollouts.episodes.cohort import CohortMismatch
     from dew.sampling import Sampling
     from dew.testing import tiny_decoder

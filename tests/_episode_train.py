@@ -32,8 +32,8 @@ import optax  # noqa: E402
 
 from dew.data.dataset import Dataset  # noqa: E402
 from dew.inference import TextGeneration  # noqa: E402
+from dew.objectives.rl import EpisodeJournal, EpisodeRollout  # noqa: E402
 from dew.objectives.rl.grpo import GRPOObjective  # noqa: E402
-from dew.rollouts.episodes import EpisodeJournal, EpisodeRollout  # noqa: E402
 from dew.sampling import Sampling  # noqa: E402
 from dew.sandbox import SandboxLimits, SubprocessEnvironment  # noqa: E402
 from dew.testing import tiny_decoder  # noqa: E402

@@ -13,12 +13,9 @@ import pytest
 
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
+from dew.objectives.rl import EpisodeFailure, EpisodeRollout
 from dew.objectives.rl.grpo import GRPOObjective
-from dew.rollouts.episodes import (
-    EpisodeFailure,
-    EpisodeRollout,
-    EpisodeStatus,
-)
+from dew.rollouts.episodes import EpisodeStatus
 from dew.sampling import Sampling
 from dew.sandbox import SandboxLimits, SubprocessEnvironment
 from dew.sandbox.subprocess_environment import WorkerCrashed

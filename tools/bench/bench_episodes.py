@@ -37,11 +37,11 @@ from _rounds import Bench, add_arguments  # noqa: E402
 
 import dew.models  # noqa: E402
 from dew.inference import TextGeneration  # noqa: E402
+from dew.objectives.rl import EpisodeRollout  # noqa: E402
 from dew.objectives.rl.grpo import GRPOObjective  # noqa: E402
 from dew.rollouts.episodes import (  # noqa: E402
     Action,
     EpisodeId,
-    EpisodeRollout,
     EpisodeStatus,
     Observation,
     Transition,

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from _square_episodes import EOS, Log, ScriptedPolicy, SquareEnvironment, square_verifier
 
-from dew.rollouts.episodes import (
+from dew.objectives.rl import (
     EpisodeFailure,
     EpisodeJournal,
     EpisodeRollout,
-    EpisodeStatus,
     JournalBusy,
     JournalMismatch,
     PolicyMismatch,
 )
+from dew.rollouts.episodes import EpisodeStatus
 from dew.sampling import Sampling
 
 P, R, K, G = 8, 4, 3, 2

@@ -6,7 +6,7 @@ from dew.rollouts.protocol import Rollout, SteppedRollout
 
 
 def test_dews_collectors_follow_the_protocol() -> None:
-    from dew.rollouts import EpisodeRollout, PPORollout, SampledRollout
+    from dew.objectives.rl import EpisodeRollout, PPORollout, SampledRollout
 
     for collector in (SampledRollout, EpisodeRollout, PPORollout):
         assert issubclass(collector, Rollout), collector

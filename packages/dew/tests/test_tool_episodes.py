@@ -30,15 +30,13 @@ from _square_episodes import (
 
 from dew.data.dataset import Dataset
 from dew.inference import TextGeneration
+from dew.objectives.rl import EpisodeCancelled, EpisodeFailure, EpisodeRollout
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.rollouts.episodes import (
     Action,
     EmptyContextError,
     Episode,
-    EpisodeCancelled,
-    EpisodeFailure,
     EpisodeId,
-    EpisodeRollout,
     EpisodeStatus,
     InvalidAction,
     LikelihoodError,

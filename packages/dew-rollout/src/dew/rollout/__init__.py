@@ -38,14 +38,12 @@ from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.remote import NoPublisher
-from dew.rollout.scheduler import (
-    RolloutScheduler,
-    SchedulerRecord,
-    WeightJournal,
-    prompt_tasks,
-    task_ids,
-)
-from dew.rollout.sources import EnvironmentSource, PromptSource, prompt_task
+from dew.rollout.scheduler.journal import WeightJournal
+from dew.rollout.scheduler.record import SchedulerRecord
+from dew.rollout.scheduler.scheduler import RolloutScheduler
+from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
+from dew.rollout.sources.environment import EnvironmentSource
+from dew.rollout.sources.prompt import PromptSource, prompt_task
 from dew.rollout.traces import MalformedTrace
 from dew.rollout.vllm_generate import VLLMGenerateServer
 

@@ -17,35 +17,16 @@ Names resolve lazily: importing the package (or its ``protocol``) imports no col
 each name imports only its own module.
 """
 
-from __future__ import annotations
+from dew.lazy import lazy_exports
 
-import importlib
-from typing import Any
-
-_NAMES: dict[str, str] = {
-    "Rollout": "protocol",
-    "SteppedRollout": "protocol",
-    "RewardError": "sampled",
-    "SampledRollout": "sampled",
-    "default_decode": "sampled",
-    "EpisodeCancelled": "episodes",
-    "EpisodeFailure": "episodes",
-    "EpisodeJournal": "episodes",
-    "EpisodeRollout": "episodes",
-    "PPORollout": "ppo",
-    "SingleActionError": "ppo",
-    "episode_targets": "ppo",
-    "SubtreePolicy": "policy",
-}
-
-
-# Like dew.objectives.rl's: a module-level __getattr__ serves only its own package, so each
-# lazy package keeps its own three lines over its own table.
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew.rollouts' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"dew.rollouts.{module}"), name)
-
-
-__all__ = sorted(_NAMES)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "Rollout": ".protocol",
+        "SteppedRollout": ".protocol",
+        "default_decode": ".sampled",
+        "SingleActionError": ".ppo",
+        "episode_targets": ".ppo",
+        "SubtreePolicy": ".policy",
+    },
+)

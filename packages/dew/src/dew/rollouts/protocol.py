@@ -15,7 +15,7 @@ The implementations in Dew:
 
 - ``dew.rollouts.sampled.SampledRollout``: samples GRPO completions with ``dew.inference``,
   scores them with a reward function and packs one-call sessions;
-- ``dew.rollouts.episodes.EpisodeRollout``: multi-turn tool episodes against an
+- ``dew.rollouts.episodes.rollout.EpisodeRollout``: multi-turn tool episodes against an
   ``Environment``, with ``at_step`` (the clocks stamped on the collection it makes next);
 - ``dew.rollouts.ppo.PPORollout``: an ``EpisodeRollout`` cohort plus the critic's values and
   GAE targets for ``PPOObjective`` (``at_step`` passes through to the episodes);

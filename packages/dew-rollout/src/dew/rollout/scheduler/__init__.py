@@ -1,4 +1,5 @@
-"""``RolloutScheduler``: asynchronous GRPO rollouts from any ``SessionSource``.
+"""The modules of ``RolloutScheduler`` (public as ``dew.rollout.RolloutScheduler``):
+asynchronous GRPO rollouts from any ``SessionSource``.
 
 - ``scheduler``: ``RolloutScheduler``, the Trainer's ``rollout=`` hook (submission ahead of
   the trainer, pushes, packing, proximal rescoring);
@@ -8,10 +9,3 @@
 - ``work``: the rollouts of one batch in flight; ``journal``: ``WeightJournal`` for exact
   resume; ``record``: ``SchedulerRecord``. The terminal progress bar is ``dew.progress``'s.
 """
-
-from dew.rollout.scheduler.journal import WeightJournal
-from dew.rollout.scheduler.record import SchedulerRecord
-from dew.rollout.scheduler.scheduler import RolloutScheduler
-from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
-
-__all__ = ["RolloutScheduler", "SchedulerRecord", "WeightJournal", "prompt_tasks", "task_ids"]

@@ -8,37 +8,28 @@ path the RL objectives and their batches are imported from. Names resolve lazily
 importing one objective does not import every other one (nor the inference engine).
 """
 
-from __future__ import annotations
+from dew.lazy import lazy_exports
 
-import importlib
-from typing import Any
-
-_NAMES: dict[str, str] = {
-    "DPOObjective": "dew.objectives.rl.dpo",
-    "EpisodeCancelled": "dew.rollouts.episodes",
-    "EpisodeFailure": "dew.rollouts.episodes",
-    "EpisodeJournal": "dew.rollouts.episodes",
-    "EpisodeRollout": "dew.rollouts.episodes",
-    "GRPOObjective": "dew.objectives.rl.grpo",
-    "PPOObjective": "dew.objectives.rl.ppo",
-    "PPORollout": "dew.rollouts.ppo",
-    "packed_log_probs": "dew.objectives.rl.grpo",
-    "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
-    "RewardError": "dew.rollouts.sampled",
-    "SampledRollout": "dew.rollouts.sampled",
-    "ValueHead": "dew.objectives.rl.value_head",
-    "sessions": "dew.objectives.rl.sessions",
-    "verl": "dew.objectives.rl.verl",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'dew.objectives.rl' has no attribute {name!r}")
-    if name == module.rsplit(".", 1)[1]:
-        return importlib.import_module(module)
-    return getattr(importlib.import_module(module), name)
-
-
-__all__ = sorted(_NAMES)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "DPOObjective": "dew.objectives.rl.dpo",
+        "EpisodeCancelled": "dew.rollouts.episodes.errors",
+        "EpisodeFailure": "dew.rollouts.episodes.errors",
+        "EpisodeJournal": "dew.rollouts.episodes.journal",
+        "EpisodeRollout": "dew.rollouts.episodes.rollout",
+        "GRPOObjective": "dew.objectives.rl.grpo",
+        "JournalBusy": "dew.rollouts.episodes.journal",
+        "JournalMismatch": "dew.rollouts.episodes.journal",
+        "PolicyMismatch": "dew.rollouts.episodes.journal",
+        "PPOObjective": "dew.objectives.rl.ppo",
+        "PPORollout": "dew.rollouts.ppo",
+        "packed_log_probs": "dew.objectives.rl.grpo",
+        "policy_loss_from_log_probs": "dew.objectives.rl.grpo",
+        "RewardError": "dew.rollouts.sampled",
+        "SampledRollout": "dew.rollouts.sampled",
+        "ValueHead": "dew.objectives.rl.value_head",
+        "sessions": "dew.objectives.rl.sessions",
+        "verl": "dew.objectives.rl.verl",
+    },
+)
