@@ -37,6 +37,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import dew.rl as rl
+from dew.sessions import on_host_x64
 
 Reward = Callable[[np.ndarray, dict[str, np.ndarray]], Any]
 STD_EPS = 1e-4
@@ -52,28 +53,17 @@ def group_advantages(rewards: np.ndarray, groups: int) -> np.ndarray:
     Flow-GRPO's per-prompt normalisation (``flow_grpo/stat_tracking.py``): ``std`` is the
     population standard deviation of the group (``ddof=0``) and a group of equal rewards
     gets zeros. ``rewards`` is ``[N]`` with ``N`` a multiple of ``groups``. The arithmetic is
-    ``dew.rl.group_advantage(..., eps=1e-4, ddof=0)``; it runs on this process's CPU device
-    with JAX's x64 mode switched on for the call only, so the result is float64 even when
+    ``dew.rl.group_advantage(..., eps=1e-4, ddof=0)``, run by ``dew.sessions.on_host_x64``
+    (this process's CPU device, x64 for the call only), so the result is float64 even when
     the rest of the program computes in float32.
     """
     values = np.asarray(rewards, np.float64).reshape(-1)
-    with jax.enable_x64(True), jax.default_device(_host_device()):
-        out = _population_advantage(jnp.asarray(values), groups)
-        return np.asarray(out, np.float64)
+    return on_host_x64(_population_advantage, values, group=groups).astype(np.float64)
 
 
 _population_advantage = jax.jit(
     functools.partial(rl.group_advantage, eps=STD_EPS, ddof=0), static_argnames="group"
 )
-
-
-def _host_device() -> jax.Device | None:
-    """This process's CPU device when JAX has one (the advantages are host work), else JAX's
-    default. A local device: with several processes ``jax.devices("cpu")[0]`` may be remote."""
-    try:
-        return jax.local_devices(backend="cpu")[0]
-    except RuntimeError:
-        return None
 
 
 class FlowRollout:

@@ -29,6 +29,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "ESTIMATORS": ".advantages",
         "GROUP_EPSILON": ".advantages",
         "group_advantages": ".advantages",
+        "on_host_x64": ".advantages",
         "chain_lengths": ".packing",
         "pack": ".packing",
         "rows_needed": ".packing",

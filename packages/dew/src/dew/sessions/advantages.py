@@ -7,7 +7,8 @@ baselines; this module only turns ``pack``'s hashable group keys into integer id
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -44,11 +45,8 @@ def group_advantages(
     group_ids = np.zeros(size, np.int32)
     group_ids[: values.size] = ids
     kept = np.arange(size) < values.size
-    with jax.enable_x64(True), jax.default_device(_host_device()):
-        out = _ragged_advantage(
-            jnp.asarray(padded), jnp.asarray(group_ids), jnp.asarray(kept), estimator=estimator
-        )
-        return np.asarray(out)[: values.size]
+    out = on_host_x64(_ragged_advantage, padded, group_ids, kept, estimator=estimator)
+    return out[: values.size]
 
 
 _ragged_advantage = jax.jit(
@@ -56,13 +54,23 @@ _ragged_advantage = jax.jit(
 )
 
 
-def _host_device() -> jax.Device | None:
-    """This process's CPU device when JAX has one (packing is host work), else JAX's default.
-    A local device: with several processes, ``jax.devices("cpu")[0]`` may belong to another."""
+def on_host_x64(function: Callable[..., jax.Array], *arrays: Any, **static: Any) -> np.ndarray:
+    """``function(*arrays, **static)`` on this process's CPU device with x64 on, as numpy.
+
+    Advantages are host work done once per batch: running them on the CPU in float64 keeps
+    them off the accelerator and exact to the reference's double precision, whatever
+    precision the rest of the program computes in. x64 is switched on for the call only.
+    ``arrays`` are converted with ``jnp.asarray`` (float64 stays float64); ``static`` is
+    passed as is, for a jitted ``function``'s static arguments. The device is a *local* CPU
+    device: with several processes, ``jax.devices("cpu")[0]`` may belong to another one.
+    Without a CPU backend, JAX's default device is used.
+    """
     try:
-        return jax.local_devices(backend="cpu")[0]
+        device: jax.Device | None = jax.local_devices(backend="cpu")[0]
     except RuntimeError:
-        return None
+        device = None
+    with jax.enable_x64(True), jax.default_device(device):
+        return np.asarray(function(*(jnp.asarray(a) for a in arrays), **static))
 
 
-__all__ = ["ESTIMATORS", "GROUP_EPSILON", "group_advantages"]
+__all__ = ["ESTIMATORS", "GROUP_EPSILON", "group_advantages", "on_host_x64"]
