@@ -8,7 +8,6 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from dew.objectives import scoring
 
@@ -128,37 +127,34 @@ def test_packed_log_probs_score_each_id_inside_its_chain() -> None:
     assert jax.numpy.shape(out) == (1, 5)
 
 
-OLD_PATHS = {
-    "dew.objectives.rl.sessions": [
-        "Call",
-        "ESTIMATORS",
-        "GROUP_EPSILON",
-        "Session",
-        "Status",
-        "TRUNCATIONS",
-        "Task",
-        "chain_lengths",
-        "group_advantages",
-        "pack",
-        "rows_needed",
-        "session_metrics",
-    ],
-    "dew.objectives.lm": ["token_nll", "segment_positions"],
-}
+#: The names the spec imports from ``dew.objectives.rl.sessions``, whose home is dew.sessions.
+SPEC_SESSION_NAMES = [
+    "Call",
+    "ESTIMATORS",
+    "GROUP_EPSILON",
+    "Session",
+    "Status",
+    "TRUNCATIONS",
+    "Task",
+    "chain_lengths",
+    "group_advantages",
+    "pack",
+    "rows_needed",
+    "session_metrics",
+]
 
 
-@pytest.mark.parametrize("module", sorted(OLD_PATHS))
-def test_old_import_paths_name_the_moved_objects(module: str) -> None:
-    old = importlib.import_module(module)
+def test_the_spec_paths_name_the_objects_of_their_rooms() -> None:
+    facade = importlib.import_module("dew.objectives.rl.sessions")
     sessions = importlib.import_module("dew.sessions")
-    rollouts = importlib.import_module("dew.rollouts")
-    for name in OLD_PATHS[module]:
-        if module == "dew.objectives.lm":
-            new = getattr(scoring, "positions_from_segments" if name.startswith("seg") else name)
-        else:
-            new = getattr(sessions, name)
-        assert getattr(old, name) is new, f"{module}.{name}"
+    assert facade is sessions
+    from dew.objectives.rl.sessions import pack
+
+    assert pack is sessions.pack
     rl = importlib.import_module("dew.objectives.rl")
-    assert rl.SampledRollout is rollouts.SampledRollout
-    assert rl.sessions.pack is sessions.pack
-    assert set(sessions.__all__) >= set(OLD_PATHS["dew.objectives.rl.sessions"])
+    assert rl.sessions is sessions
+    assert rl.verl is importlib.import_module("dew.objectives.rl.verl")
+    assert rl.verl is importlib.import_module("dew.sessions.verl")
+    sampled = importlib.import_module("dew.rollouts.sampled")
+    assert rl.SampledRollout is sampled.SampledRollout
+    assert set(sessions.__all__) >= set(SPEC_SESSION_NAMES)

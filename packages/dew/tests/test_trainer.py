@@ -340,11 +340,13 @@ def test_rows_not_dividing_devices_are_replicated(model):
 
 
 def test_positions_follow_segments_when_absent(model):
-    from dew.objectives.lm import segment_positions
+    from dew.objectives.scoring import positions_from_segments
 
     batch = packed_batch(12)
     np.testing.assert_array_equal(
-        np.asarray(segment_positions(batch["text_segment_ids"]))[batch["text_segment_ids"] > 0],
+        np.asarray(positions_from_segments(batch["text_segment_ids"]))[
+            batch["text_segment_ids"] > 0
+        ],
         batch["text_positions"][batch["text_segment_ids"] > 0],
     )
     obj = LMObjective(model, SEQ, ema_decay=None)

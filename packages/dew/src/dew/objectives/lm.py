@@ -36,8 +36,6 @@ from dew.objectives.scoring import (
     token_nll,
 )
 
-segment_positions = positions_from_segments  # the old name, kept for one release
-
 
 class LMObjective:
     """Next-token loss over ``text`` (see the module docstring for the batch).

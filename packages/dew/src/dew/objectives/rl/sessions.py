@@ -1,30 +1,16 @@
-"""The session records and helpers, reachable as ``dew.objectives.rl.sessions``.
+"""``dew.objectives.rl.sessions`` is the ``dew.sessions`` package under a second name.
 
-The code lives in ``dew.sessions`` (its modules ``records``, ``source``, ``chains``,
-``advantages``, ``packing``, ``metrics``); this module names the same objects under the path
-the RL objectives are imported from. ``SessionSource``, the protocol of a harness that turns a
-``Task`` into a future ``Session``, is found here too.
+The user guides import the session records (``Call``, ``Session``, ``Status``, ``Task``,
+``SessionSource``) and their helpers (``pack``, ``group_advantages``, ...) from
+``dew.objectives.rl.sessions``, beside the objectives that train on them; the code lives in
+its own room, ``dew.sessions``. Importing this module replaces it, in ``sys.modules``, by
+that package, so both names reach one module object and each session name has one home:
+``dew.objectives.rl.sessions.pack is dew.sessions.pack``, and ``__name__`` reads
+``dew.sessions``.
 """
 
-from dew.sessions.advantages import ESTIMATORS, GROUP_EPSILON, group_advantages
-from dew.sessions.chains import TRUNCATIONS
-from dew.sessions.metrics import session_metrics
-from dew.sessions.packing import chain_lengths, pack, rows_needed
-from dew.sessions.records import Call, Session, Status, Task
-from dew.sessions.source import SessionSource
+import sys
 
-__all__ = [
-    "Call",
-    "ESTIMATORS",
-    "GROUP_EPSILON",
-    "Session",
-    "SessionSource",
-    "Status",
-    "TRUNCATIONS",
-    "Task",
-    "chain_lengths",
-    "group_advantages",
-    "pack",
-    "rows_needed",
-    "session_metrics",
-]
+import dew.sessions
+
+sys.modules[__name__] = dew.sessions

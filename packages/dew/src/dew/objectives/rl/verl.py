@@ -1,9 +1,13 @@
-"""verl interop, reachable as ``dew.objectives.rl.verl``: ``to_verl`` and ``from_verl``.
+"""``dew.objectives.rl.verl`` is the ``dew.sessions.verl`` module under a second name.
 
-The code lives in ``dew.sessions.verl`` beside the session records it converts;
-see that module for the row layout.
+The verl interop (``to_verl``, ``from_verl``, ``VerlTrajectory``, ``VerlRowError``) is
+imported beside the RL objectives as ``dew.objectives.rl.verl``; the code lives with the
+session records it converts, in ``dew.sessions.verl``. Importing this module replaces it, in
+``sys.modules``, by that module, so both names reach one module object.
 """
 
-from dew.sessions.verl import VerlRowError, VerlTrajectory, from_verl, to_verl
+import sys
 
-__all__ = ["VerlRowError", "VerlTrajectory", "from_verl", "to_verl"]
+import dew.sessions.verl
+
+sys.modules[__name__] = dew.sessions.verl
