@@ -16,7 +16,7 @@ import numpy as np
 import optax
 import pytest
 
-import dew.trainer.trainer as trainer_module
+import dew.trainer.fit_run as fit_run_module
 from dew import models
 from dew.data import Dataset
 from dew.objectives.lm import LMObjective
@@ -133,7 +133,7 @@ def test_progress_bar_does_not_wait_for_the_step_it_just_dispatched(objective, m
         fetches.append((step_of[id(metrics)], len(dispatched)))
         return jax.device_get(metrics)
 
-    monkeypatch.setattr(trainer_module, "_to_host", to_host)
+    monkeypatch.setattr(fit_run_module, "_to_host", to_host)
     trainer.fit(data(), steps=6)
     assert [step for step, _ in fetches] == [1, 2, 3, 4, 5, 6]  # the bar saw every loss
     waited = [step for step, latest in fetches if step == latest]

@@ -7,35 +7,28 @@ and ``dew.trainer.mesh`` for the shardings.
 
 from __future__ import annotations
 
-import math
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 import optax
 
 from dew.data.dataset import Dataset, Partition
 from dew.objectives.base import (
     Objective,
     starts_from_variables,
-    token_fields_of,
     validate_ema_decay,
 )
 from dew.progress import Progress
 from dew.rollouts.protocol import Rollout
 from dew.trainer import checkpoint as ckpt
+from dew.trainer.fit_run import FitRun, NonFiniteLossError
 from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
 from dew.trainer.step import make_init, make_step
 from dew.trainer.tracker import Tracker, make_tracker
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The loss of a step was NaN or infinite; the run stopped without saving it."""
 
 
 def _find_learning_rate(opt_state: Any) -> Any:
@@ -49,19 +42,6 @@ def _find_learning_rate(opt_state: Any) -> Any:
         if isinstance(node, tuple | list):
             stack.extend(node)
     return None
-
-
-def _to_host(metrics: Any) -> Any:
-    """The one place the loop copies a step's metrics to the host (tests watch it)."""
-    return jax.device_get(metrics)
-
-
-def _count_tokens(batch: Mapping[str, Any], fields: tuple[str, ...]) -> int:
-    for name in fields:
-        if name in batch:
-            return int(np.size(batch[name]))
-    first = next(iter(batch.values()))
-    return int(np.shape(first)[0]) if np.ndim(first) else 1
 
 
 class Trainer:
@@ -233,6 +213,47 @@ class Trainer:
         steps = int(steps)
         lead = jax.process_index() == 0
         partition = Partition(jax.process_index(), jax.process_count())
+        state, position = self._starting_state(state, run_dir, resume_from)
+        run_dir = None if run_dir is None else os.fspath(run_dir)
+        start = int(jax.device_get(state.step))
+        trackers = self._open_trackers(run_dir, start) if lead else []
+        stream = data.stream(partition, start=position) if start < steps else iter(())
+        step_fn = self._step()
+        progress = Progress(steps, start, enabled=self.progress if lead else False,
+                            lines=None if lead else False)  # fmt: skip
+        if lead and start > 0 and run_dir is not None and start < steps:
+            progress.message(f"dew: resuming from step {start} ({run_dir})")
+        run = FitRun(self, data, steps, state, position, run_dir, progress, trackers)
+        run.last_saved = start if run_dir is not None and position else None
+        stop = StopRequest()
+        try:
+            stop.__enter__()
+            for number in range(start + 1, steps + 1):
+                local = run.next_batch(stream, number)
+                run.update(step_fn, number, local)
+                stopped_by = stop.agreed(number)  # the same answer on every process
+                run.report(number, log_every, eval_every, stopping=stopped_by is not None)
+                if stopped_by is not None and number < steps:
+                    raise TrainingInterrupted(number, stopped_by[0], run_dir, stopped_by[1])
+            if run.pending is not None:
+                run.check(run.pending)
+        finally:
+            stop.__exit__()
+            progress.close()
+            for tracker in trackers:
+                tracker.close()
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        return run.state
+
+    def _starting_state(
+        self,
+        state: TrainState | None,
+        run_dir: str | os.PathLike[str] | None,
+        resume_from: str | os.PathLike[str] | None,
+    ) -> tuple[TrainState, int]:
+        """The state ``fit`` starts from and its data position, restored from a checkpoint."""
         position = 0
         if state is None:
             state = self.initial_state()
@@ -250,116 +271,19 @@ class Trainer:
             if restored is not None:
                 state = ckpt.restore_into(state, self._shardings, restored)
                 position = restored.position
-        start = int(jax.device_get(state.step))
+        return state, position
+
+    def _open_trackers(self, run_dir: str | None, start: int) -> list[Tracker]:
+        """The lead process's trackers: ``metrics.jsonl`` (and TensorBoard) first, then the rest."""
         trackers: list[Tracker] = []
-        if lead:
-            specs = [s for s in self.trackers if s not in ("jsonl", "tensorboard")]
-            if run_dir is not None:
-                specs = ["jsonl", *(["tensorboard"] if self.tensorboard else []), *specs]
-            for spec in specs:
-                if isinstance(spec, str) and run_dir is None:
-                    raise ValueError(f"trackers: {spec!r} needs fit(run_dir=...)")
-                trackers.append(make_tracker(spec, run_dir or "", start))
-        stream = data.stream(partition, start=position) if start < steps else iter(())
-        step_fn = self._step()
-        progress = Progress(steps, start, enabled=self.progress if lead else False,
-                            lines=None if lead else False)  # fmt: skip
-        if lead and start > 0 and run_dir is not None and start < steps:
-            progress.message(f"dew: resuming from step {start} ({run_dir})")
-        pending: tuple[int, Any] | None = None
-        tokens = 0
-        token_fields = token_fields_of(self.objective)
-        t_last = time.perf_counter()
-        last_saved = start if run_dir is not None and position else None
-        stop = StopRequest()
-
-        def check(entry: tuple[int, Any]) -> dict[str, float]:
-            number, metrics = entry
-            host = {k: float(v) for k, v in _to_host(metrics).items()}
-            if not math.isfinite(host["loss"]):
-                raise NonFiniteLossError(
-                    f"step {number}: the loss is {host['loss']} (not finite); stopped without "
-                    "saving this step"
-                )
-            return host
-
-        def save(number: int) -> None:
-            nonlocal last_saved
-            if run_dir is None or last_saved == number:
-                return
-            ckpt.save(
-                run_dir,
-                state,
-                step=number,
-                position=position,
-                keep=self.keep_checkpoints,
-                extra={"updates": int(jax.device_get(state.updates))},  # type: ignore[union-attr]
-            )
-            last_saved = number
-
-        try:
-            stop.__enter__()
-            for number in range(start + 1, steps + 1):
-                try:
-                    local = next(stream)
-                except StopIteration:
-                    raise ValueError(
-                        f"data: the training stream ended after {position} batches, before "
-                        f"step {number} of {steps}"
-                    ) from None
-                position += 1
-                local = dict(local)
-                if self.rollout is not None:
-                    key = jax.random.fold_in(self._rollout_key, number)
-                    at_step = getattr(self.rollout, "at_step", None)
-                    if callable(at_step):
-                        at_step(number, int(jax.device_get(state.updates)))
-                    local = dict(self.rollout(state.params, local, key))
-                tokens += _count_tokens(local, token_fields) * jax.process_count()
-                state, metrics = step_fn(state, global_batch(local, self.mesh))
-                if pending is not None:  # the previous step: done by now, no wait
-                    progress.update(pending[0], check(pending)["loss"])
-                pending = (number, metrics)
-                log_now = log_every is not None and number % log_every == 0
-                ckpt_now = self.checkpoint_every is not None and number % self.checkpoint_every == 0
-                eval_now = eval_every is not None and number % eval_every == 0
-                stopped_by = stop.agreed(number)  # the same answer on every process
-                stopping = stopped_by is not None
-                if log_now or ckpt_now or eval_now or number == steps or stopping:
-                    host = check(pending)
-                    pending = None
-                    progress.update(number, host["loss"])
-                    record: dict[str, Any] = {"step": number}
-                    if log_now or number == steps:
-                        now = time.perf_counter()
-                        record.update(host)
-                        record["tokens_per_s"] = tokens / max(now - t_last, 1e-9)
-                        tokens, t_last = 0, now
-                        lr = self._learning_rate(state, number)
-                        if lr is not None:
-                            record["learning_rate"] = lr
-                        progress.log(record)
-                    if eval_now:
-                        for name, value in self.evaluate(state.params, data).items():
-                            record[f"val/{name}"] = value
-                    if len(record) > 1 and (log_now or eval_now or number == steps):
-                        for tracker in trackers:
-                            tracker.write(record)
-                    if ckpt_now or number == steps or stopping:
-                        save(number)
-                if stopped_by is not None and number < steps:
-                    raise TrainingInterrupted(number, stopped_by[0], run_dir, stopped_by[1])
-            if pending is not None:
-                check(pending)
-        finally:
-            stop.__exit__()
-            progress.close()
-            for tracker in trackers:
-                tracker.close()
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
-        return state
+        specs = [s for s in self.trackers if s not in ("jsonl", "tensorboard")]
+        if run_dir is not None:
+            specs = ["jsonl", *(["tensorboard"] if self.tensorboard else []), *specs]
+        for spec in specs:
+            if isinstance(spec, str) and run_dir is None:
+                raise ValueError(f"trackers: {spec!r} needs fit(run_dir=...)")
+            trackers.append(make_tracker(spec, run_dir or "", start))
+        return trackers
 
     def _learning_rate(self, state: TrainState, number: int) -> float | None:
         lr = _find_learning_rate(state.opt_state)
