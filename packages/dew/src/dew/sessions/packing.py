@@ -36,13 +36,20 @@ Every column is ``[rows, width]`` and aligned with ``input_ids``:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from dew.checks import is_integer
 from dew.sessions.advantages import ESTIMATORS, group_advantages
-from dew.sessions.chains import TRUNCATIONS, training_chains, training_reward, trains
-from dew.sessions.records import Session, check_choice
+from dew.sessions.chains import (
+    TRUNCATIONS,
+    Chain,
+    training_chains,
+    training_reward,
+    trains,
+)
+from dew.sessions.records import Call, Session, check_choice
 
 
 def _check_width(width: int) -> int:
@@ -115,20 +122,46 @@ def pack(
         eos_ids = (int(eos_ids),)
     sessions = list(sessions)
     chains = training_chains(sessions, width, truncation, eos_ids)
-
     trained = [i for i, s in enumerate(sessions) if trains(s, truncation)]
+    advantage_of = _advantages(sessions, trained, truncation, estimator)
+    placement, needed = _first_fit([len(c.ids) for c in chains], width)
+    rows = _row_count(needed, rows, width)
+    packed_calls = [c for i in trained for c in sessions[i].calls]
+    batch = _empty_batch((rows, width), packed_calls, support_capacity)
+    sampled_count = _sampled_counts(chains)
+    segment_of = _segment_ids(placement, rows)
+    support_fill = [0] * rows
+    for i, (chain, (row, offset)) in enumerate(zip(chains, placement)):
+        advantage, count = advantage_of[chain.session], sampled_count[chain.session]
+        _place_chain(batch, chain, row, offset, segment_of[i], advantage, count)
+        _place_support(batch, chain, row, offset, support_fill, support_capacity)
+    if "support_ids" in batch:
+        _check_every_call_has_support(packed_calls)
+    return batch
+
+
+def _advantages(
+    sessions: Sequence[Session], trained: Sequence[int], truncation: str, estimator: str
+) -> dict[int, float]:
+    """The group-relative advantage of each training session, by its index in ``sessions``."""
     rewards = [training_reward(sessions[i], truncation, i) for i in trained]
     keys = [(sessions[i].task, sessions[i].group) for i in trained]
-    advantage_of = dict(zip(trained, group_advantages(rewards, keys, estimator).tolist()))
+    return dict(zip(trained, group_advantages(rewards, keys, estimator).tolist()))
 
-    placement, needed = _first_fit([len(c.ids) for c in chains], width)
+
+def _row_count(needed: int, rows: int | np.integer[Any] | None, width: int) -> int:
+    """The batch's row count: the rows asked for, or those the chains need (at least one)."""
     if rows is None:
         rows = max(needed, 1)
     elif needed > rows:
         raise ValueError(f"rows: the chains need {needed} rows of width {width}, got rows={rows}")
-    rows = int(rows)
+    return int(rows)
 
-    shape = (rows, width)
+
+def _empty_batch(
+    shape: tuple[int, int], packed_calls: Sequence[Call], support_capacity: int | None
+) -> dict[str, np.ndarray]:
+    """Every column of the batch, filled with its padding value, before any chain is placed."""
     batch: dict[str, np.ndarray] = {
         "input_ids": np.zeros(shape, np.int32),
         "text_segment_ids": np.zeros(shape, np.int32),
@@ -141,7 +174,6 @@ def pack(
         "advantages": np.zeros(shape, np.float32),
         "session_weights": np.zeros(shape, np.float32),
     }
-    packed_calls = [c for i in trained for c in sessions[i].calls]
     with_raw = [c.raw_log_probs is not None for c in packed_calls]
     if any(with_raw) and not all(with_raw):
         raise ValueError(
@@ -150,80 +182,124 @@ def pack(
         )
     if packed_calls and all(with_raw):
         batch["old_log_probs"] = np.zeros(shape, np.float32)
-    records = [c.routed_experts for c in packed_calls if c.routed_experts is not None]
-    if records:
-        inner, dtype = records[0].shape[1:], records[0].dtype
-        for record in records:
-            if record.shape[1:] != inner or record.dtype != dtype:
-                raise ValueError(
-                    "Call.routed_experts: every record must share [layers, top_k] and dtype; got "
-                    f"{inner}/{dtype} and {record.shape[1:]}/{record.dtype}"
-                )
-        batch["routed_experts"] = np.zeros(shape + inner, dtype)
-        batch["routed"] = np.zeros(shape, np.bool_)
-    has_support = any(c.support is not None for c in packed_calls)
-    if has_support:
-        if support_capacity is None or isinstance(support_capacity, bool) or support_capacity < 1:
-            raise ValueError(
-                "support_capacity: calls recorded sampling supports, so a positive capacity is "
-                f"required, got {support_capacity!r}"
-            )
-        batch["support_ids"] = np.full((rows, int(support_capacity)), -1, np.int32)
-        batch["support_columns"] = np.full((rows, int(support_capacity)), -1, np.int32)
+    batch.update(_routed_columns(shape, packed_calls))
+    batch.update(_support_columns(shape[0], packed_calls, support_capacity))
+    return batch
 
+
+def _routed_columns(shape: tuple[int, int], packed_calls: Sequence[Call]) -> dict[str, np.ndarray]:
+    """``routed_experts`` and ``routed`` when any call recorded routing, checked alike."""
+    records = [c.routed_experts for c in packed_calls if c.routed_experts is not None]
+    if not records:
+        return {}
+    inner, dtype = records[0].shape[1:], records[0].dtype
+    for record in records:
+        if record.shape[1:] != inner or record.dtype != dtype:
+            raise ValueError(
+                "Call.routed_experts: every record must share [layers, top_k] and dtype; got "
+                f"{inner}/{dtype} and {record.shape[1:]}/{record.dtype}"
+            )
+    return {"routed_experts": np.zeros(shape + inner, dtype), "routed": np.zeros(shape, np.bool_)}
+
+
+def _support_columns(
+    rows: int, packed_calls: Sequence[Call], support_capacity: int | None
+) -> dict[str, np.ndarray]:
+    """``support_ids`` and ``support_columns`` when any call recorded its sampling support."""
+    if not any(c.support is not None for c in packed_calls):
+        return {}
+    if support_capacity is None or isinstance(support_capacity, bool) or support_capacity < 1:
+        raise ValueError(
+            "support_capacity: calls recorded sampling supports, so a positive capacity is "
+            f"required, got {support_capacity!r}"
+        )
+    return {
+        "support_ids": np.full((rows, int(support_capacity)), -1, np.int32),
+        "support_columns": np.full((rows, int(support_capacity)), -1, np.int32),
+    }
+
+
+def _sampled_counts(chains: Sequence[Chain]) -> dict[int, int]:
+    """The number of sampled ids of each session over all its chains."""
     sampled_count: dict[int, int] = {}
     for chain in chains:
         sampled_count[chain.session] = sampled_count.get(chain.session, 0) + sum(chain.sampled)
+    return sampled_count
 
-    # segment ids count 1, 2, ... from the left of each row
-    segment_of = [0] * len(chains)
+
+def _segment_ids(placement: Sequence[tuple[int, int]], rows: int) -> list[int]:
+    """Each chain's segment id: 1, 2, ... from the left of its row."""
+    segment_of = [0] * len(placement)
     counters = [0] * rows
-    for i in sorted(range(len(chains)), key=lambda i: placement[i]):
+    for i in sorted(range(len(placement)), key=lambda i: placement[i]):
         counters[placement[i][0]] += 1
         segment_of[i] = counters[placement[i][0]]
-    support_fill = [0] * rows
-    for i, (chain, (row, offset)) in enumerate(zip(chains, placement)):
-        n = len(chain.ids)
-        cols = slice(offset, offset + n)
-        sampled = np.asarray(chain.sampled, dtype=bool)
-        batch["input_ids"][row, cols] = chain.ids
-        batch["text_segment_ids"][row, cols] = segment_of[i]
-        batch["text_positions"][row, cols] = np.arange(n)
-        batch["response_mask"][row, cols] = sampled
-        batch["behavior_log_probs"][row, cols] = chain.behavior
-        if "old_log_probs" in batch:
-            batch["old_log_probs"][row, cols] = chain.raw
-        batch["versions"][row, cols] = chain.versions
-        batch["session_index"][row, cols] = np.where(sampled, chain.session, -1)
-        batch["call_index"][row, cols] = chain.calls
-        batch["advantages"][row, cols] = advantage_of[chain.session]
-        count = sampled_count[chain.session]
-        if count:
-            batch["session_weights"][row, cols] = np.where(sampled, 1.0 / count, 0.0)
-        for position, record in chain.routed.items():
-            batch["routed_experts"][row, offset + position] = record
-            batch["routed"][row, offset + position] = True
-        for position in sorted(chain.support):
-            kept = chain.support[position]
-            start = support_fill[row]
-            if start + kept.size > batch["support_ids"].shape[1]:
-                raise ValueError(
-                    f"support_capacity: row {row} needs more than {support_capacity} kept ids "
-                    f"(at least {start + kept.size})"
-                )
-            batch["support_ids"][row, start : start + kept.size] = kept
-            batch["support_columns"][row, start : start + kept.size] = offset + position
-            support_fill[row] = start + kept.size
-    if has_support:
-        missing = [
-            i for i, c in enumerate(packed_calls) if c.support is None and c.sampled_ids.size > 0
-        ]
-        if missing:
+    return segment_of
+
+
+def _place_chain(
+    batch: dict[str, np.ndarray],
+    chain: Chain,
+    row: int,
+    offset: int,
+    segment: int,
+    advantage: float,
+    count: int,
+) -> None:
+    """Write one chain's ids and per-id columns into ``row`` from column ``offset``."""
+    n = len(chain.ids)
+    cols = slice(offset, offset + n)
+    sampled = np.asarray(chain.sampled, dtype=bool)
+    batch["input_ids"][row, cols] = chain.ids
+    batch["text_segment_ids"][row, cols] = segment
+    batch["text_positions"][row, cols] = np.arange(n)
+    batch["response_mask"][row, cols] = sampled
+    batch["behavior_log_probs"][row, cols] = chain.behavior
+    if "old_log_probs" in batch:
+        batch["old_log_probs"][row, cols] = chain.raw
+    batch["versions"][row, cols] = chain.versions
+    batch["session_index"][row, cols] = np.where(sampled, chain.session, -1)
+    batch["call_index"][row, cols] = chain.calls
+    batch["advantages"][row, cols] = advantage
+    if count:
+        batch["session_weights"][row, cols] = np.where(sampled, 1.0 / count, 0.0)
+    for position, record in chain.routed.items():
+        batch["routed_experts"][row, offset + position] = record
+        batch["routed"][row, offset + position] = True
+
+
+def _place_support(
+    batch: dict[str, np.ndarray],
+    chain: Chain,
+    row: int,
+    offset: int,
+    support_fill: list[int],
+    support_capacity: int | None,
+) -> None:
+    """Append a chain's kept ids to its row's support, after those already there."""
+    for position in sorted(chain.support):
+        kept = chain.support[position]
+        start = support_fill[row]
+        if start + kept.size > batch["support_ids"].shape[1]:
             raise ValueError(
-                "Call.support: either every packed call records its sampling support or none "
-                f"does; {len(missing)} packed calls have none"
+                f"support_capacity: row {row} needs more than {support_capacity} kept ids "
+                f"(at least {start + kept.size})"
             )
-    return batch
+        batch["support_ids"][row, start : start + kept.size] = kept
+        batch["support_columns"][row, start : start + kept.size] = offset + position
+        support_fill[row] = start + kept.size
+
+
+def _check_every_call_has_support(packed_calls: Sequence[Call]) -> None:
+    """Raise unless every packed call that sampled ids recorded its sampling support."""
+    missing = [
+        i for i, c in enumerate(packed_calls) if c.support is None and c.sampled_ids.size > 0
+    ]
+    if missing:
+        raise ValueError(
+            "Call.support: either every packed call records its sampling support or none "
+            f"does; {len(missing)} packed calls have none"
+        )
 
 
 __all__ = ["chain_lengths", "pack", "rows_needed"]
