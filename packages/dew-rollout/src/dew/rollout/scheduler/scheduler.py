@@ -56,6 +56,40 @@ def _count(value: Any, name: str, minimum: int) -> int:
     return int(value)
 
 
+def _check_protocols(objective: Any, source: Any, weights: Any, tasks: Any) -> None:
+    """Raise ``TypeError`` unless each collaborator has the methods the scheduler calls."""
+    for name in ("submit", "cancel"):
+        if not callable(getattr(source, name, None)):
+            raise TypeError(f"source: expected a SessionSource, it has no {name}()")
+    if not callable(getattr(weights, "load", None)) or not hasattr(weights, "version"):
+        raise TypeError("weights: expected load(variables, version) and a version")
+    if not callable(tasks):
+        raise TypeError(f"tasks: expected a function batch -> [Task], got {tasks!r}")
+    if not callable(getattr(objective, "packed_log_probs", None)):
+        raise TypeError("objective: expected a GRPOObjective (no packed_log_probs)")
+
+
+def _check_schedule(
+    objective: Any, ahead: Any, sync_every: Any, max_lag: Any
+) -> tuple[int, int, int]:
+    """``ahead``, ``sync_every`` and ``max_lag`` checked against each other and the objective."""
+    ahead = _count(ahead, "ahead", 0)
+    sync_every = _count(sync_every, "sync_every", 1)
+    max_lag = _count(max_lag, "max_lag", 0)
+    if max_lag < ahead + sync_every - 1:
+        raise ValueError(
+            f"max_lag: a first submission may be ahead + sync_every - 1 = "
+            f"{ahead + sync_every - 1} updates old when it trains, got max_lag={max_lag}"
+        )
+    if max_lag > 0 and getattr(objective, "behavior_importance", None) is None:
+        raise ValueError(
+            f"objective.behavior_importance: max_lag={max_lag} lets rollouts train on "
+            "older weights, which needs a behavior correction: GRPOObjective("
+            "behavior_importance=c) (a TIS cap) or (lo, hi) (an IcePop band)"
+        )
+    return ahead, sync_every, max_lag
+
+
 class RolloutScheduler:
     """Run GRPO rollouts from ``source`` while the trainer updates (module docstring).
 
@@ -108,15 +142,7 @@ class RolloutScheduler:
         journal: str | None = None,
         progress: bool | None = None,
     ) -> None:
-        for name in ("submit", "cancel"):
-            if not callable(getattr(source, name, None)):
-                raise TypeError(f"source: expected a SessionSource, it has no {name}()")
-        if not callable(getattr(weights, "load", None)) or not hasattr(weights, "version"):
-            raise TypeError("weights: expected load(variables, version) and a version")
-        if not callable(tasks):
-            raise TypeError(f"tasks: expected a function batch -> [Task], got {tasks!r}")
-        if not callable(getattr(objective, "packed_log_probs", None)):
-            raise TypeError("objective: expected a GRPOObjective (no packed_log_probs)")
+        _check_protocols(objective, source, weights, tasks)
         width = _count(width, "width", 2)
         if getattr(objective, "width", width) != width:
             raise ValueError(
@@ -124,20 +150,7 @@ class RolloutScheduler:
                 f"(seq_len + 1), got width={width}"
             )
         groups = _count(groups, "groups", 1)
-        ahead = _count(ahead, "ahead", 0)
-        sync_every = _count(sync_every, "sync_every", 1)
-        max_lag = _count(max_lag, "max_lag", 0)
-        if max_lag < ahead + sync_every - 1:
-            raise ValueError(
-                f"max_lag: a first submission may be ahead + sync_every - 1 = "
-                f"{ahead + sync_every - 1} updates old when it trains, got max_lag={max_lag}"
-            )
-        if max_lag > 0 and getattr(objective, "behavior_importance", None) is None:
-            raise ValueError(
-                f"objective.behavior_importance: max_lag={max_lag} lets rollouts train on "
-                "older weights, which needs a behavior correction: GRPOObjective("
-                "behavior_importance=c) (a TIS cap) or (lo, hi) (an IcePop band)"
-            )
+        ahead, sync_every, max_lag = _check_schedule(objective, ahead, sync_every, max_lag)
         check_choice(truncation, TRUNCATIONS, "truncation")
         if timeout is not None and not float(timeout) > 0:
             raise ValueError(f"timeout: expected None or seconds > 0, got {timeout!r}")
