@@ -55,75 +55,107 @@ def make_step(
 
     def step(state: TrainState, batch: dict[str, jax.Array]) -> tuple[TrainState, Metrics]:
         rng, step_key = jax.random.split(state.rng)
-        params = state.params["params"]
-
-        def grad_one(mb: dict[str, jax.Array], key: jax.Array):
-            def f(p: Any):
-                ls, w, m = objective.loss({**state.params, "params": p}, mb, key, state.ema)
-                return jnp.asarray(ls, jnp.float32), (jax.lax.stop_gradient(w), m)
-
-            (ls, (w, m)), g = jax.value_and_grad(f, has_aux=True)(params)
-            w = jnp.asarray(w, jnp.float32)
-            m = {
-                name: (
-                    jnp.asarray(v, jnp.float32)
-                    if name.endswith("_sum")
-                    else jnp.where(w > 0, jnp.asarray(v, jnp.float32) * w, 0.0)
-                )
-                for name, v in m.items()
-            }
-            return ls, w, m, g
-
-        if k == 1:
-            ls, w, msum, gsum = grad_one(batch, step_key)
-        else:
-            shared = {n: v for n, v in batch.items() if jnp.ndim(v) == 0}
-            mbs = _split_microbatches({n: v for n, v in batch.items() if n not in shared}, k)
-            first = {**jax.tree.map(lambda x: x[0], mbs), **shared}
-            shapes = jax.eval_shape(grad_one, first, step_key)
-            zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-
-            def body(carry, xs):
-                mb, i = xs
-                out = grad_one({**mb, **shared}, jax.random.fold_in(step_key, i))
-                return jax.tree.map(jnp.add, carry, out), None
-
-            (ls, w, msum, gsum), _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(k)))
-
+        grad_one = _microbatch_grads(objective, state)
+        ls, w, msum, gsum = _accumulate(grad_one, batch, step_key, k)
         safe = jnp.where(w > 0, w, 1.0)
         loss = jnp.where(w > 0, ls / safe, 0.0)
         grads = jax.tree.map(lambda g: g / safe.astype(g.dtype), gsum)
         ok = (w > 0) & jnp.isfinite(loss)
-        updates, new_opt = optimizer.update(grads, state.opt_state, params)
-        new_params = optax.apply_updates(params, updates)
-
-        def keep(new: Any, old: Any) -> Any:
-            return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
-
-        variables = {**state.params, "params": keep(new_params, params)}
-        opt_state = keep(new_opt, state.opt_state)
-        ema = state.ema
-        if decay is not None and decay < 1.0:
-            moved = jax.tree.map(
-                lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype), ema, variables
-            )
-            ema = keep(moved, ema)
-        new_state = TrainState(
-            step=state.step + 1,
-            updates=state.updates + ok.astype(state.updates.dtype),
-            params=variables,
-            opt_state=opt_state,
-            ema=ema,
-            rng=rng,
-        )
-        metrics = {"loss": jnp.where(jnp.isfinite(ls), loss, ls), "weight": w}
-        metrics["grad_norm"] = optax.tree.norm(grads)
-        for name, v in msum.items():
-            out_name = name[: -len("_sum")] if name.endswith("_sum") else name
-            metrics[out_name] = v / safe
-        return new_state, metrics
+        new_state = _apply_update(optimizer, decay, state, grads, ok, rng)
+        return new_state, _step_metrics(ls, loss, w, safe, grads, msum)
 
     return step
+
+
+def _microbatch_grads(objective: Objective, state: TrainState) -> Callable[..., Any]:
+    """``(microbatch, key) -> (loss_sum, weight, weighted metrics, grads)`` at ``state``."""
+    params = state.params["params"]
+
+    def grad_one(mb: dict[str, jax.Array], key: jax.Array):
+        def f(p: Any):
+            ls, w, m = objective.loss({**state.params, "params": p}, mb, key, state.ema)
+            return jnp.asarray(ls, jnp.float32), (jax.lax.stop_gradient(w), m)
+
+        (ls, (w, m)), g = jax.value_and_grad(f, has_aux=True)(params)
+        w = jnp.asarray(w, jnp.float32)
+        m = {
+            name: (
+                jnp.asarray(v, jnp.float32)
+                if name.endswith("_sum")
+                else jnp.where(w > 0, jnp.asarray(v, jnp.float32) * w, 0.0)
+            )
+            for name, v in m.items()
+        }
+        return ls, w, m, g
+
+    return grad_one
+
+
+def _accumulate(
+    grad_one: Callable[..., Any], batch: dict[str, jax.Array], step_key: jax.Array, k: int
+) -> Any:
+    """``grad_one``'s outputs summed over ``k`` microbatches of ``batch`` (a scan when k > 1)."""
+    if k == 1:
+        return grad_one(batch, step_key)
+    shared = {n: v for n, v in batch.items() if jnp.ndim(v) == 0}
+    mbs = _split_microbatches({n: v for n, v in batch.items() if n not in shared}, k)
+    first = {**jax.tree.map(lambda x: x[0], mbs), **shared}
+    shapes = jax.eval_shape(grad_one, first, step_key)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+    def body(carry, xs):
+        mb, i = xs
+        out = grad_one({**mb, **shared}, jax.random.fold_in(step_key, i))
+        return jax.tree.map(jnp.add, carry, out), None
+
+    summed, _ = jax.lax.scan(body, zeros, (mbs, jnp.arange(k)))
+    return summed
+
+
+def _apply_update(
+    optimizer: optax.GradientTransformation,
+    decay: float | None,
+    state: TrainState,
+    grads: Any,
+    ok: jax.Array,
+    rng: jax.Array,
+) -> TrainState:
+    """The next state: the optimizer's update and the EMA, kept only where ``ok``."""
+    params = state.params["params"]
+    updates, new_opt = optimizer.update(grads, state.opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    def keep(new: Any, old: Any) -> Any:
+        return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+    variables = {**state.params, "params": keep(new_params, params)}
+    opt_state = keep(new_opt, state.opt_state)
+    ema = state.ema
+    if decay is not None and decay < 1.0:
+        moved = jax.tree.map(
+            lambda e, p: (decay * e + (1.0 - decay) * p).astype(e.dtype), ema, variables
+        )
+        ema = keep(moved, ema)
+    return TrainState(
+        step=state.step + 1,
+        updates=state.updates + ok.astype(state.updates.dtype),
+        params=variables,
+        opt_state=opt_state,
+        ema=ema,
+        rng=rng,
+    )
+
+
+def _step_metrics(
+    ls: jax.Array, loss: jax.Array, w: jax.Array, safe: jax.Array, grads: Any, msum: Metrics
+) -> Metrics:
+    """The step's loss, weight, gradient norm, and each metric divided by the total weight."""
+    metrics = {"loss": jnp.where(jnp.isfinite(ls), loss, ls), "weight": w}
+    metrics["grad_norm"] = optax.tree.norm(grads)
+    for name, v in msum.items():
+        out_name = name[: -len("_sum")] if name.endswith("_sum") else name
+        metrics[out_name] = v / safe
+    return metrics
 
 
 def reference_selector(objective: Objective) -> Callable[[Any], Any]:
