@@ -41,7 +41,7 @@ import numpy as np
 
 from dew.checks import is_integer
 from dew.sessions import verl_rows as rows_
-from dew.sessions.chains import chains_of
+from dew.sessions.chains import Chain, chains_of
 from dew.sessions.records import Call, Session, Status
 from dew.sessions.verl_rows import VerlRowError
 
@@ -119,6 +119,7 @@ def _call_record(call: Call, position: int) -> dict[str, Any]:
 
 
 def _session_rows(item: Session | VerlTrajectory, serial: int) -> list[dict[str, Any]]:
+    """The verl rows of one session or trajectory, one per strict chain."""
     trajectory = item if isinstance(item, VerlTrajectory) else None
     session = trajectory.session if trajectory is not None else item
     if not isinstance(session, Session):
@@ -137,51 +138,78 @@ def _session_rows(item: Session | VerlTrajectory, serial: int) -> list[dict[str,
         calls = session.calls[first_call : first_call + chain.n_calls]
         positions = range(first_call, first_call + chain.n_calls)
         first_call += chain.n_calls
-        split = trajectory.prompt_lengths[j] if trajectory is not None else calls[0].prompt_ids.size
-        ids = np.asarray(chain.ids, np.int64)
-        mask = np.asarray(chain.sampled, np.int64)
-        versions = [c.version for c in calls]
         extras = dict(trajectory.extras[j]) if trajectory is not None else {}
-        for key, value in (
-            ("min_global_steps", min(versions)),
-            ("max_global_steps", max(versions)),
-        ):
+        for key, value in _global_steps(calls):
             if extras.get(key) is None:
                 extras[key] = value
         if trajectory is None or trajectory.dew:
-            extras["dew"] = {
-                "format": DEW_FORMAT,
-                "session": serial,
-                "chain": j,
-                "chains": len(chains),
-                "task": session.task,
-                "group": int(session.group),
-                "sample": int(session.sample),
-                "attempt": int(session.attempt),
-                "status": session.status.value,
-                "reward": session.reward,
-                "components": dict(session.components),
-                "detail": session.detail,
-                "calls": [_call_record(c, p) for c, p in zip(calls, positions)],
-            }
-        response_mask = mask[split:]
-        row: dict[str, Any] = {
-            "prompt_ids": ids[:split].tolist(),
-            "response_ids": ids[split:].tolist(),
-            "response_mask": response_mask.tolist(),
-            "response_logprobs": [float(x) for x in chain.behavior[split:]],
-        }
-        row["routed_experts"] = _routed_chain(calls, serial)
-        row["reward_score"] = session.reward
-        if trajectory is not None:
-            row.update(trajectory.fields[j])
-        else:
-            observations = len(rows_.runs(response_mask == 0))
-            row["num_turns"] = chain.n_calls + observations + 1
-            row["metrics"] = dict(METRICS)
-        row["extra_fields"] = extras
-        out.append(row)
+            extras["dew"] = _dew_record(session, serial, j, len(chains), calls, positions)
+        out.append(_chain_row(session, trajectory, serial, j, chain, calls, extras))
     return out
+
+
+def _global_steps(calls: Sequence[Call]) -> tuple[tuple[str, int], ...]:
+    """verl's ``min_global_steps`` and ``max_global_steps`` of a chain: its call versions."""
+    versions = [c.version for c in calls]
+    return (("min_global_steps", min(versions)), ("max_global_steps", max(versions)))
+
+
+def _dew_record(
+    session: Session,
+    serial: int,
+    chain: int,
+    chains: int,
+    calls: Sequence[Call],
+    positions: Sequence[int],
+) -> dict[str, Any]:
+    """Dew's own record of a session in one chain's ``extra_fields["dew"]``."""
+    return {
+        "format": DEW_FORMAT,
+        "session": serial,
+        "chain": chain,
+        "chains": chains,
+        "task": session.task,
+        "group": int(session.group),
+        "sample": int(session.sample),
+        "attempt": int(session.attempt),
+        "status": session.status.value,
+        "reward": session.reward,
+        "components": dict(session.components),
+        "detail": session.detail,
+        "calls": [_call_record(c, p) for c, p in zip(calls, positions)],
+    }
+
+
+def _chain_row(
+    session: Session,
+    trajectory: VerlTrajectory | None,
+    serial: int,
+    j: int,
+    chain: Chain,
+    calls: Sequence[Call],
+    extras: dict[str, Any],
+) -> dict[str, Any]:
+    """The verl row of chain ``j``: its prompt, response, mask, log-probs and fields."""
+    split = trajectory.prompt_lengths[j] if trajectory is not None else calls[0].prompt_ids.size
+    ids = np.asarray(chain.ids, np.int64)
+    mask = np.asarray(chain.sampled, np.int64)
+    response_mask = mask[split:]
+    row: dict[str, Any] = {
+        "prompt_ids": ids[:split].tolist(),
+        "response_ids": ids[split:].tolist(),
+        "response_mask": response_mask.tolist(),
+        "response_logprobs": [float(x) for x in chain.behavior[split:]],
+    }
+    row["routed_experts"] = _routed_chain(calls, serial)
+    row["reward_score"] = session.reward
+    if trajectory is not None:
+        row.update(trajectory.fields[j])
+    else:
+        observations = len(rows_.runs(response_mask == 0))
+        row["num_turns"] = chain.n_calls + observations + 1
+        row["metrics"] = dict(METRICS)
+    row["extra_fields"] = extras
+    return row
 
 
 def to_verl(sessions: Sequence[Session | VerlTrajectory]) -> list[dict[str, Any]]:
