@@ -121,14 +121,8 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     """Build the ``Recipe`` a YAML or JSON config describes (see the module docstring)."""
     import jax
 
-    from dew.recipes.builder import (
-        build_model,
-        build_optimizer,
-        model_config,
-        optimizer_config,
-        schedule_config,
-    )
-    from dew.recipes.chain import Recipe, Stage
+    from dew.recipes.builder import build_model, model_config
+    from dew.recipes.chain import Recipe
 
     path = Path(path)
     config = load_file(path)
@@ -137,28 +131,8 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     base = path.resolve().parent
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
-    for key in config:
-        if key not in _TOP_KEYS:
-            raise unknown_key("", str(key), _TOP_KEYS)
-    for key in ("output", "batch", "model", "stages"):
-        if key not in config:
-            raise ConfigError(f"{key}: required, missing from {path}")
-    batch = config["batch"]
-    if not is_int(batch) or batch < 1:
-        raise ConfigError(f"batch: expected a positive integer, got {batch!r}")
-    seed = config.get("seed", 0)
-    if not is_int(seed):
-        raise ConfigError(f"seed: expected an integer, got {seed!r}")
-    log_every = config.get("log_every")
-    if log_every is not None and (not is_int(log_every) or log_every < 1):
-        raise ConfigError(f"log_every: expected a positive integer, got {log_every!r}")
-    model_spec = config["model"]
-    if config.get("pretrained"):
-        model_spec = {**(model_spec or {}), "pretrained": config["pretrained"]}
-    if isinstance(model_spec, Mapping) and model_spec.get("pretrained"):
-        model_spec = dict(model_spec)
-        model_spec["pretrained"] = local_path(model_spec["pretrained"], base, "model.pretrained")
-    model_cfg = model_config(model_spec)
+    batch, seed, log_every = _top_level(config, path)
+    model_cfg = model_config(_model_spec(config, base))
     stage_specs = config["stages"]
     if not isinstance(stage_specs, list) or not stage_specs:
         raise ConfigError(f"stages: expected a non-empty list of stages, got {stage_specs!r}")
@@ -166,43 +140,8 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     optimizers: dict[str, Any] = {}
     stages = []
     for i, spec in enumerate(stage_specs):
-        where = f"stages.{i}"
-        if not isinstance(spec, Mapping):
-            raise ConfigError(f"{where}: expected a mapping of keys, got {spec!r}")
-        spec = dict(spec)
-        for key in spec:
-            if key not in valid:
-                raise unknown_key(where, str(key), valid)
-        steps = spec.get("steps")
-        if not is_int(steps) or steps < 1:
-            raise ConfigError(f"{where}.steps: expected a positive integer, got {steps!r}")
-        opt = optimizer_config(
-            _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),
-            f"{where}.optimizer",
-        )
-        sched = schedule_config(
-            _merge(config.get("schedule"), spec.pop("schedule", None), f"{where}.schedule"),
-            f"{where}.schedule",
-        )
-        data = _dataset(spec.pop("data", None), base, f"{where}.data")
-        for key, tp in _loss_hints().items():  # typed as dew train grpo's objective keys
-            if key in spec:
-                spec[key] = check_value(spec[key], tp, f"{where}.{key}")
-        reward = spec.pop("reward", None)
-        if reward is not None:
-            reward = load_reward(reward, f"{where}.reward")
-            if inspect.isclass(reward):  # a class is made with no arguments, as dew train does
-                try:
-                    reward = reward()
-                except Exception as err:
-                    raise ConfigError(
-                        f"{where}.reward: {reward.__name__}() failed ({_short(err)})"
-                    ) from None
-        try:
-            stage = Stage(data=data, reward=reward, **spec)
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{where}: {err}") from None
-        optimizers[stage.name] = build_optimizer(opt, sched, steps=stage.steps)
+        stage, optimizer = _stage(config, spec, f"stages.{i}", base, valid)
+        optimizers[stage.name] = optimizer
         stages.append(stage)
     model, pretrained = build_model(model_cfg)
     output = Path(os.path.expanduser(str(config["output"])))
@@ -218,6 +157,87 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         pretrained=pretrained,
         log_every=log_every,
     )
+
+
+def _top_level(config: Mapping[str, Any], path: Path) -> tuple[int, int, int | None]:
+    """Check the top-level keys and return ``batch``, ``seed`` and ``log_every``."""
+    for key in config:
+        if key not in _TOP_KEYS:
+            raise unknown_key("", str(key), _TOP_KEYS)
+    for key in ("output", "batch", "model", "stages"):
+        if key not in config:
+            raise ConfigError(f"{key}: required, missing from {path}")
+    batch = config["batch"]
+    if not is_int(batch) or batch < 1:
+        raise ConfigError(f"batch: expected a positive integer, got {batch!r}")
+    seed = config.get("seed", 0)
+    if not is_int(seed):
+        raise ConfigError(f"seed: expected an integer, got {seed!r}")
+    log_every = config.get("log_every")
+    if log_every is not None and (not is_int(log_every) or log_every < 1):
+        raise ConfigError(f"log_every: expected a positive integer, got {log_every!r}")
+    return batch, seed, log_every
+
+
+def _model_spec(config: Mapping[str, Any], base: Path) -> Any:
+    """The ``model`` spec with a top-level ``pretrained`` folded in and its path resolved."""
+    model_spec = config["model"]
+    if config.get("pretrained"):
+        model_spec = {**(model_spec or {}), "pretrained": config["pretrained"]}
+    if isinstance(model_spec, Mapping) and model_spec.get("pretrained"):
+        model_spec = dict(model_spec)
+        model_spec["pretrained"] = local_path(model_spec["pretrained"], base, "model.pretrained")
+    return model_spec
+
+
+def _stage(
+    config: Mapping[str, Any], spec: Any, where: str, base: Path, valid: Sequence[str]
+) -> tuple[Any, Any]:
+    """One checked ``Stage`` of the config and the optimizer built for its steps."""
+    from dew.recipes.builder import build_optimizer, optimizer_config, schedule_config
+    from dew.recipes.chain import Stage
+
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {spec!r}")
+    spec = dict(spec)
+    for key in spec:
+        if key not in valid:
+            raise unknown_key(where, str(key), valid)
+    steps = spec.get("steps")
+    if not is_int(steps) or steps < 1:
+        raise ConfigError(f"{where}.steps: expected a positive integer, got {steps!r}")
+    opt = optimizer_config(
+        _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),
+        f"{where}.optimizer",
+    )
+    sched = schedule_config(
+        _merge(config.get("schedule"), spec.pop("schedule", None), f"{where}.schedule"),
+        f"{where}.schedule",
+    )
+    data = _dataset(spec.pop("data", None), base, f"{where}.data")
+    for key, tp in _loss_hints().items():  # typed as dew train grpo's objective keys
+        if key in spec:
+            spec[key] = check_value(spec[key], tp, f"{where}.{key}")
+    reward = _reward(spec.pop("reward", None), where)
+    try:
+        stage = Stage(data=data, reward=reward, **spec)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}") from None
+    return stage, build_optimizer(opt, sched, steps=stage.steps)
+
+
+def _reward(reward: Any, where: str) -> Any:
+    """A stage's ``reward`` imported from ``module:function``; a class is made with no arguments."""
+    if reward is not None:
+        reward = load_reward(reward, f"{where}.reward")
+        if inspect.isclass(reward):  # a class is made with no arguments, as dew train does
+            try:
+                reward = reward()
+            except Exception as err:
+                raise ConfigError(
+                    f"{where}.reward: {reward.__name__}() failed ({_short(err)})"
+                ) from None
+    return reward
 
 
 EXAMPLE = """example:
