@@ -38,12 +38,12 @@ import errno
 import os
 import resource
 import secrets
-import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from dew.sandbox._pipes import Pipes, closing_selector
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome, Verdict
 from dew.sandbox.runner import CancelFlag
@@ -72,7 +72,6 @@ __all__ = [
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
-_CHUNK = 1 << 16
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _prctl = _libc.prctl
@@ -132,24 +131,6 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def _exited(pid: int) -> bool:
-    """True when the child has exited (it stays unreaped, so its pid cannot be reused)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return True
-    return info is not None
-
-
-@contextlib.contextmanager
-def _closing_selector() -> Iterator[selectors.BaseSelector]:
-    selector = selectors.DefaultSelector()
-    try:
-        yield selector
-    finally:
-        selector.close()
 
 
 def _failed_to_start(error: OSError, started: float) -> Outcome:
@@ -218,31 +199,6 @@ def reap(
     return usage
 
 
-class _Capture:
-    """stdout and stderr buffers sharing one byte cap; bytes past the cap are counted, not kept."""
-
-    def __init__(self, out_fd: int, err_fd: int, cap: int) -> None:
-        self.buffers = {out_fd: bytearray(), err_fd: bytearray()}
-        self.cap = cap
-        self.total = 0
-
-    @property
-    def over_cap(self) -> bool:
-        return self.total > self.cap
-
-    def read(self, fd: int) -> bool:
-        """Read what ``fd`` has; False at end of file (or when it has nothing yet: True)."""
-        try:
-            chunk = os.read(fd, _CHUNK)
-        except BlockingIOError:
-            return True
-        if not chunk:
-            return False
-        self.buffers[fd] += chunk[: max(self.cap - self.total, 0)]
-        self.total += len(chunk)
-        return True
-
-
 def launch(
     argv: Sequence[str],
     *,
@@ -283,85 +239,16 @@ def launch(
     except subprocess.SubprocessError as error:
         return _failed_to_start(OSError(errno.ECHILD, str(error)), started)
 
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    capture = _Capture(out_fd, err_fd, limits.output_bytes)
-    out = capture.buffers
-    stdin_fd = proc.stdin.fileno()
     pidfd = _pidfd(proc.pid)
-    timed_out = cancelled = False
-    pending = memoryview(stdin)
     try:
-        with _closing_selector() as selector:
-            for fd in out:
-                os.set_blocking(fd, False)
-                selector.register(fd, selectors.EVENT_READ)
-            if pending:
-                os.set_blocking(stdin_fd, False)
-                selector.register(stdin_fd, selectors.EVENT_WRITE)
-            else:
-                proc.stdin.close()
-            if pidfd is not None:
-                selector.register(pidfd, selectors.EVENT_READ)
-            open_outputs = len(out)
-            while True:
-                now = time.monotonic()
-                if now >= deadline:
-                    timed_out = True
-                    break
-                if cancel is not None and cancel.is_set():
-                    cancelled = True
-                    break
-                # With a pidfd the exit wakes the selector; otherwise poll every 20 ms.
-                wait = min(deadline - now, 0.05 if pidfd is not None else 0.02)
-                if open_outputs == 0 and pidfd is None:
-                    wait = min(wait, 0.002)
-                exited = False
-                for key, _ in selector.select(wait):
-                    fd = key.fd
-                    if fd == pidfd:
-                        exited = True
-                    elif fd == stdin_fd:
-                        try:
-                            written = os.write(fd, pending[:_CHUNK])
-                            pending = pending[written:]
-                        except BlockingIOError:
-                            continue
-                        except OSError:  # the program closed its stdin
-                            pending = pending[:0]
-                        if not pending:
-                            selector.unregister(fd)
-                            proc.stdin.close()
-                    elif not capture.read(fd):
-                        selector.unregister(fd)
-                        open_outputs -= 1
-                if capture.over_cap:
-                    break
-                if exited or ((pidfd is None or open_outputs == 0) and _exited(proc.pid)):
-                    break
+        with closing_selector() as selector:
+            pipes = Pipes(proc, selector, stdin, limits.output_bytes, pidfd)
+            pipes.register()
+            timed_out, cancelled = pipes.serve(deadline, cancel)
             # Whatever ended the loop, the whole group goes now (the leader is still
             # unreaped, so the group id cannot have been reused).
             kill_group(proc.pid)
-            # Drain what the program wrote before it ended. A process that escaped the
-            # group kill could hold a pipe open: once the pipes go quiet, sweep the
-            # sandbox uid (or the marked processes), then wait a bounded time.
-            for registered in list(selector.get_map().values()):
-                if registered.fd not in out:  # the pidfd, an unfinished stdin: outputs only
-                    selector.unregister(registered.fd)
-            swept = not own_user and marker is None
-            drain_end = time.monotonic() + 1.0
-            while open_outputs and not capture.over_cap and time.monotonic() < drain_end:
-                events = selector.select(0.01 if not swept else 0.05)
-                if not events and not swept:
-                    if uid is not None:
-                        kill_user(uid)
-                    elif marker is not None:
-                        kill_marked(marker)
-                    swept = True
-                for key, _ in events:
-                    if not capture.read(key.fd):
-                        selector.unregister(key.fd)
-                        open_outputs -= 1
+            pipes.drain(uid, marker)
     finally:
         usage = reap(proc, uid=uid, marker=marker)
         if pidfd is not None:
@@ -371,8 +258,8 @@ def launch(
         raise SandboxCancelled("the program was cancelled")
     code = proc.returncode
     cpu_used = usage.ru_utime + usage.ru_stime
-    verdict = _verdict(code, timed_out, capture.over_cap, cpu_used, limits)
-    return Outcome(verdict, code, bytes(out[out_fd]), bytes(out[err_fd]), seconds)
+    verdict = _verdict(code, timed_out, pipes.capture.over_cap, cpu_used, limits)
+    return Outcome(verdict, code, pipes.output(pipes.out_fd), pipes.output(pipes.err_fd), seconds)
 
 
 def _verdict(

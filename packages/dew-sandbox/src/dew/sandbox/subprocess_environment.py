@@ -47,7 +47,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dew.sandbox.launcher import _exited, new_marker, reap, sandbox_environment, spawn
+from dew.sandbox._pipes import exited
+from dew.sandbox.launcher import new_marker, reap, sandbox_environment, spawn
 from dew.sandbox.limits import SandboxLimits
 
 STATUSES = ("running", "completed", "truncated", "cancelled", "error")
@@ -322,7 +323,7 @@ class SubprocessSession:
                     if not chunk:
                         # give the worker a moment to finish exiting, so its code is its own
                         end = time.monotonic() + 1.0
-                        while not _exited(self.process.pid) and time.monotonic() < end:
+                        while not exited(self.process.pid) and time.monotonic() < end:
                             time.sleep(0.005)
                         raise self._fail(
                             WorkerCrashed,
