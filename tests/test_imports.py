@@ -21,9 +21,9 @@ imports included). The rules:
   objective (only the protocol in ``dew.objectives.base``), no session and no collector
   (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
   ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
-  ``dew.files``, ``dew.checks``, ``dew.progress`` and ``dew.lazy``, which import nothing of
-  ``dew``, and neither does ``dew.rollouts.protocol``; ``dew.png`` imports nothing of
-  ``dew`` but the leaves.
+  ``dew.files``, ``dew.checks``, ``dew.progress``, ``dew.lazy`` and ``dew.processes``,
+  which import nothing of ``dew``, and neither does ``dew.rollouts.protocol``; ``dew.png``
+  imports nothing of ``dew`` but the leaves.
 
 The checkers are also run on planted violations (and the cycle finder on planted two- and
 three-module cycles and an acyclic set), so a checker that silently accepts everything
@@ -195,7 +195,8 @@ def test_allowed_import_passes(module: str, source: str) -> None:
 
 
 # ----------------------------------------------------------------------------- inside dew
-LEAVES = ("dew.files", "dew.checks", "dew.progress", "dew.lazy")  # helpers any part may use
+#: Helpers any part of dew may use.
+LEAVES = ("dew.files", "dew.checks", "dew.progress", "dew.lazy", "dew.processes")
 INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) it may import
     "dew.data": (),
     "dew.models": (),
@@ -287,6 +288,7 @@ INNER_PLANTED = [
     ("dew.checks", "import dew.models\n"),
     ("dew.progress", "from dew.trainer import Trainer\n"),
     ("dew.lazy", "from dew.files import write_json\n"),
+    ("dew.processes", "from dew.files import atomic_write\n"),
     ("dew.png", "import dew.models\n"),
     ("dew.png", "from dew.quickstart.plot import write_plot\n"),
 ]
@@ -318,6 +320,8 @@ INNER_ALLOWED = [
     ("dew.objectives.rl.grpo", "from dew.objectives.scoring import packed_log_probs\n"),
     ("dew.files", "import os\nimport tempfile\n"),
     ("dew.progress", "import sys\nfrom tqdm import tqdm\n"),
+    ("dew.processes", "import signal\nimport subprocess\n"),
+    ("dew.testing.processes", "from dew.processes import start, stop\n"),
     ("dew.rollouts.episodes.rollout", "from dew.progress import TerminalBar\n"),
     (
         "dew.sessions.packing",
