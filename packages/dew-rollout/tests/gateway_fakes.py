@@ -19,11 +19,7 @@ interval, so a dead worker shows within a second or two.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +27,7 @@ import httpx
 import numpy as np
 from rollout_fakes import FakeVLLM
 
+from dew.processes import start, stop, wait_ready
 from dew.testing import free_port
 
 EOS = 1
@@ -162,36 +159,23 @@ class GatewayProcess:
             f"    model_name: {MODEL}\n"
         )
         self.log = directory / "gateway.log"
-        self._log = open(self.log, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "rllm_model_gateway", "--config", str(config)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.process = start(
+            [sys.executable, "-m", "rllm_model_gateway", "--config", str(config)], log=self.log
         )
-        deadline = time.monotonic() + startup
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the gateway exited at startup:\n{self.log.read_text()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise TimeoutError(f"the gateway did not start:\n{self.log.read_text()}")
-            time.sleep(0.1)
+        try:
+            wait_ready(self.process, self._healthy, startup, log=self.log)
+        except BaseException:
+            self.close()
+            raise
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(15)
-        self._log.close()
+        stop(self.process, grace=15)
 
 
 def chat(base_url: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:

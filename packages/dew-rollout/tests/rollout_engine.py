@@ -13,8 +13,6 @@ after a push.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import numpy as np
 
 from dew import models
 from dew.models import Pretrained
+from dew.processes import start, stop, wait_ready
 from dew.testing import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -117,52 +116,23 @@ class VLLMEngine:
         ]  # fmt: skip
         if cpus:
             command = ["taskset", "-c", ",".join(map(str, cpus)), *command]
-        self._log_handle = open(log, "wb")
-        self.process = subprocess.Popen(
-            command,
-            stdout=self._log_handle,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        self.process = start(command, env=env, log=log)
         self.started = time.monotonic()
         try:
-            self._wait(startup)
+            wait_ready(self.process, self._healthy, startup, log=log, interval=1.0)
         except BaseException:
             self.close()
             raise
         self.startup_seconds = time.monotonic() - self.started
 
-    def _wait(self, startup: float) -> None:
-        deadline = time.monotonic() + startup
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with {self.process.returncode} during startup:\n{self.tail()}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"vLLM did not answer /health within {startup} s:\n{self.tail()}")
-
-    def tail(self, lines: int = 30) -> str:
+    def _healthy(self) -> bool:
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(30)
-        self._log_handle.close()
+        stop(self.process, grace=30)
 
 
 def prompt_log_probs(url: str, prompt: list[int], timeout: float = 120.0) -> np.ndarray:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import threading
 import urllib.parse
@@ -51,6 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dew import processes
 from dew.rollout.errors import EngineError
 from dew.rollout.gateway import Gateway
 from dew.sessions.records import Call, Session, Status, Task
@@ -243,9 +243,8 @@ class HarborSource:
     def _run(self, trial: _Trial) -> Session:
         self._ensure_ready(trial)
         log = self.trials / f"{trial.session}.log"
-        with open(log, "wb") as out:
-            trial.start(self.argv(trial.session, trial.directory), out, self.env)
-            code = trial.wait(self.timeout)
+        trial.start(self.argv(trial.session, trial.directory), log, self.env)
+        code = trial.wait(self.timeout)
         detail = f"seed {trial.seed}; session {trial.session}"
         if trial.cancelled:
             self._drop(trial.session)
@@ -323,18 +322,11 @@ class _Trial:
         self._process: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
 
-    def start(self, argv: list[str], out: Any, env: Mapping[str, str]) -> None:
+    def start(self, argv: list[str], log: Path, env: Mapping[str, str]) -> None:
         with self._lock:
             if self.cancelled:
                 return
-            self._process = subprocess.Popen(
-                argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **env},
-                start_new_session=True,
-            )
+            self._process = processes.start(argv, env={**os.environ, **env}, log=log)
 
     def wait(self, timeout: float | None) -> int | None:
         """The exit code, or None when the trial ran past `timeout` and was killed."""
@@ -354,13 +346,5 @@ class _Trial:
 
     def _kill(self) -> None:
         process = self._process
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(10)
-        except ProcessLookupError:
-            pass
+        if process is not None:
+            processes.stop(process, grace=10)

@@ -6,8 +6,9 @@ The launcher side (the test):
   each as ``python script *args --processes N --process-id I --port P`` (the three flags only
   when ``N > 1``; ``P`` is one free port on 127.0.0.1 shared by the ranks), in the
   environment of ``cpu_env`` (``JAX_PLATFORMS=cpu``, no ``XLA_FLAGS``). Each rank starts a
-  process group of its own, and its stdout and stderr go to temporary files, so a rank that
-  prints a lot never blocks on a full pipe while another waits for it in a collective.
+  process group of its own (``dew.processes.start``), and its stdout and stderr go to
+  temporary files, so a rank that prints a lot never blocks on a full pipe while another
+  waits for it in a collective.
 - ``wait(timeout, expect=0)`` waits for every rank and returns one ``Finished(rank,
   returncode, stdout, stderr)`` per rank. As soon as one rank exits with a code other than
   ``expect`` (an int for all ranks, a list per rank, None for any code), or when ``timeout``
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +36,8 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
+
+from dew.processes import start, stop
 
 HOST = "127.0.0.1"
 
@@ -134,9 +136,7 @@ class ProcessGroup:
             for command in self.commands:
                 out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
                 self._files.append((out, err))
-                proc = subprocess.Popen(command, env=environment, stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-                self.procs.append(proc)
+                self.procs.append(start(command, env=environment, log=out, error_log=err))
         except BaseException:
             self.close()
             raise
@@ -154,12 +154,7 @@ class ProcessGroup:
     def kill(self) -> None:
         """SIGKILL every rank's process group (the rank and whatever it started) and reap."""
         for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:  # the group is gone already
-                pass
-        for proc in self.procs:
-            proc.wait()
+            stop(proc, grace=0)
 
     def close(self) -> None:
         """Kill what still runs and drop the output files."""
