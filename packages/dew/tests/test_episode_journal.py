@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import jax
@@ -147,12 +148,17 @@ def test_a_second_writer_is_refused(tmp_path):
     first = EpisodeJournal(tmp_path)
     first.open(0)
     try:
-        with pytest.raises(JournalBusy, match="another writer holds the journal of rank 0"):
+        with pytest.raises(JournalBusy, match="another writer holds the journal of rank 0") as no:
             EpisodeJournal(tmp_path).open(0)
-        EpisodeJournal(tmp_path).open(1)  # another rank has its own database
+        assert str(no.value).startswith(f"{tmp_path}: ")  # names the directory
+        with EpisodeJournal(tmp_path) as other:
+            other.open(1)  # another rank has its own database
     finally:
         first.close()
-    EpisodeJournal(tmp_path).open(0)
+    names = {f"rank-0000{rank}.{suffix}" for rank in (0, 1) for suffix in ("lock", "sqlite")}
+    assert names <= set(os.listdir(tmp_path))  # the layout of dew.journal_files
+    with EpisodeJournal(tmp_path) as again:
+        again.open(0)  # closing released the lock
 
 
 def test_a_journal_needs_snapshots(tmp_path):

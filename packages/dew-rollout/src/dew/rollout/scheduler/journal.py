@@ -6,11 +6,15 @@ directory, the version each batch index was submitted under (``submitted.json``)
 weights of the last few pushed versions (``weights-<version>.npz``, host float arrays in
 ``jax.tree`` leaf order). Every file is written atomically before the update that follows
 it, so any checkpoint the trainer saved finds the versions it needs. Single-process only.
+
+The directory follows the conventions of ``dew.journal_files``: the journal holds the
+writer lock ``weights.lock`` from construction to ``close`` (or the end of its process),
+so a second ``WeightJournal`` on the same directory, from another scheduler or another
+run, raises ``JournalBusy``; ``submitted.json`` is a JSON sidecar written and read there.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -18,26 +22,52 @@ import jax
 import numpy as np
 
 from dew.files import atomic_write
+from dew.journal_files import WriterLock, lock, read_json, write_json
+
+#: The writer lock's file name in the journal directory.
+LOCK = "weights.lock"
 
 
 class WeightJournal:
-    """Versions of submitted batches and the last ``keep`` pushed weights, in ``directory``."""
+    """Versions of submitted batches and the last ``keep`` pushed weights, in ``directory``.
+
+    Takes the directory's writer lock (created when missing); ``close`` releases it, after
+    which writing raises. Raises ``dew.journal_files.JournalBusy`` when another journal
+    holds the directory.
+    """
 
     def __init__(self, directory: str | os.PathLike[str], keep: int) -> None:
         self.directory = os.fspath(directory)
         self.keep = max(2, int(keep))
-        os.makedirs(self.directory, exist_ok=True)
+        self._lock: WriterLock = lock(self.directory, LOCK, "the weight journal")
         self._path = os.path.join(self.directory, "submitted.json")
-        self._submitted: dict[int, int] = {}
-        if os.path.isfile(self._path):
-            with open(self._path, encoding="utf-8") as f:
-                self._submitted = {int(k): int(v) for k, v in json.load(f).items()}
+        try:
+            recorded = read_json(self._path, {})
+            self._submitted = {int(k): int(v) for k, v in recorded.items()}
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def close(self) -> None:
+        """Release the writer lock (the files stay for the next run); again does nothing."""
+        self._lock.release()
+
+    def __enter__(self) -> WeightJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _writable(self) -> None:
+        if not self._lock.held:
+            raise RuntimeError(f"{self.directory}: the weight journal is closed")
 
     def _weights_path(self, version: int) -> str:
         return os.path.join(self.directory, f"weights-{version}.npz")
 
     def pushed(self, variables: Any, version: int) -> None:
         """Keep the weights of ``version`` (and drop versions older than the last ``keep``)."""
+        self._writable()
         leaves = [np.asarray(jax.device_get(x)) for x in jax.tree.leaves(variables)]
         with atomic_write(self._weights_path(version)) as f:
             np.savez(f, *leaves)
@@ -54,11 +84,11 @@ class WeightJournal:
 
     def submitted(self, index: int, version: int) -> None:
         """Record that batch ``index`` was submitted under ``version``."""
+        self._writable()
         self._submitted[int(index)] = int(version)
         recent = dict(sorted(self._submitted.items())[-64:])
         self._submitted = recent
-        with atomic_write(self._path, "w") as f:
-            json.dump({str(k): v for k, v in recent.items()}, f)
+        write_json(self._path, {str(k): v for k, v in recent.items()})
 
     def version_of(self, index: int) -> int | None:
         """The version batch ``index`` was submitted under, when recorded."""

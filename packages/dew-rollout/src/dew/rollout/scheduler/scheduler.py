@@ -112,7 +112,8 @@ class RolloutScheduler:
       seed: the run's seed; each attempt's source seed mixes it with the batch index, group,
         sample, attempt and process.
       log: receives a ``SchedulerRecord`` per call.
-      journal: a directory for ``WeightJournal`` (exact resume of in-flight work).
+      journal: a directory for ``WeightJournal`` (exact resume of in-flight work); its writer
+        lock is held until ``close``, so two schedulers cannot share one.
       progress: draw the progress bar (``None``: only on a terminal).
     """
 
@@ -227,9 +228,11 @@ class RolloutScheduler:
         return out
 
     def close(self) -> None:
-        """Cancel every rollout still in flight."""
+        """Cancel every rollout still in flight and release the journal's writer lock."""
         self._cancel_all()
         self.progress.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # -- submission -----------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """EpisodeJournal: a crash-safe record of episode collections in SQLite, one database per rank.
 
-Layout: ``directory/rank-<index>.sqlite`` (WAL, ``synchronous=FULL``) and a lock file
-``rank-<index>.lock`` held with ``flock`` while a journal is open, so a second writer for the
-same rank is refused with :class:`JournalBusy`.
+Layout (the conventions of ``dew.journal_files``): ``directory/rank-<index>.sqlite`` (WAL,
+``synchronous=FULL``) and the writer lock ``rank-<index>.lock``, held while a journal is
+open, so a second writer for the same rank is refused with :class:`JournalBusy`; closing
+the journal (or the end of its process) lets the next one in.
 
 Tables:
 
@@ -27,7 +28,6 @@ must make external effects idempotent using the episode identity and the action)
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -39,6 +39,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from dew.journal_files import JournalBusy, WriterLock, lock, rank_file, rank_name
 from dew.rollouts.episodes.protocol import Action, EpisodeStatus, Observation
 
 _SCHEMA = """
@@ -53,10 +54,6 @@ CREATE TABLE IF NOT EXISTS endings (
     step INTEGER NOT NULL, slot INTEGER NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL,
     reward REAL, PRIMARY KEY (step, slot));
 """
-
-
-class JournalBusy(RuntimeError):
-    """Another writer holds this rank's journal."""
 
 
 class JournalMismatch(ValueError):
@@ -161,7 +158,7 @@ class EpisodeJournal:
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = os.fspath(directory)
         self._db: sqlite3.Connection | None = None
-        self._lock: int | None = None
+        self._lock: WriterLock | None = None
         self.rank: int | None = None
         self.step: int | None = None
         self._mutex = threading.Lock()  # environments step on several threads
@@ -173,32 +170,25 @@ class EpisodeJournal:
             if rank != self.rank:
                 raise JournalMismatch(f"rank: the journal is open for {self.rank}, got {rank}")
             return
-        os.makedirs(self.directory, exist_ok=True)
-        lock_path = os.path.join(self.directory, f"rank-{rank:05d}.lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        writer = lock(self.directory, rank_name(rank, "lock"), f"the journal of rank {rank}")
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise JournalBusy(
-                f"{lock_path}: another writer holds the journal of rank {rank}; use one journal "
-                "directory per run"
-            ) from None
-        path = os.path.join(self.directory, f"rank-{rank:05d}.sqlite")
-        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.executescript(_SCHEMA)
-        self._db, self._lock, self.rank = db, fd, rank
+            path = rank_file(self.directory, rank, "sqlite")
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+        except BaseException:
+            writer.release()
+            raise
+        self._db, self._lock, self.rank = db, writer, rank
 
     def close(self) -> None:
         db, self._db = self._db, None
         if db is not None:
             db.close()
-        lock, self._lock = self._lock, None
-        if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            os.close(lock)
+        writer, self._lock = self._lock, None
+        if writer is not None:
+            writer.release()
 
     def __enter__(self) -> EpisodeJournal:
         return self
