@@ -1,10 +1,12 @@
-"""Asynchronous RLVR: GRPO from the quickstart's SFT model, one batch drawn ahead of the trainer.
+"""Asynchronous RLVR: GRPO from an SFT model, one batch drawn ahead of the trainer.
 
-The quickstart's arithmetic task (``dew quickstart``) gives the policy: its SFT stage trains a
-small decoder to answer ``"37+48"`` with worked columns and a ``\\boxed{}`` result and, with
-code questions mixed in, ``"python 37+48"`` with a fenced program. This example starts from
-that SFT checkpoint (trained here, or restored when ``--run-dir`` already holds it) and runs
-GRPO where
+The quickstart's arithmetic task (``dew.data.arithmetic``, the task of ``dew quickstart``)
+gives the policy: an SFT stage, built as the quickstart builds its own (the same tokenizer,
+decoder, careless-tutor demonstrations, optimizer and seeds, through the public
+``dew.recipes`` chain), trains a small decoder to answer ``"37+48"`` with worked columns and
+a ``\\boxed{}`` result and ``"python 37+48"`` with a fenced program. This example starts
+from that SFT checkpoint (trained here, or restored when ``--run-dir`` already holds it) and
+runs GRPO where
 
 - a ``NativeRolloutServer`` draws completions on a background thread;
 - a ``PromptSource`` scores each completion as its draw finishes: arithmetic answers by
@@ -15,8 +17,8 @@ GRPO where
   by a TIS cap (``behavior_importance``), and truncated answers are still scored
   (``truncation="score"``).
 
-Held-out accuracy (greedy decoding; arithmetic by ``MathReward``, code by ``CodeReward``) is
-printed before and after GRPO, with the scheduler's lag and the seconds the trainer waited.
+Held-out accuracy (``dew.rewards.Evaluator``: greedy decoding; arithmetic by ``MathReward``,
+code by ``CodeReward``) is printed before and after GRPO, with the scheduler's lag and the seconds the trainer waited.
 
 With ``--engine vllm`` the completions come from a running vLLM server instead
 (``OpenAIRolloutServer``, token ids in and out) and every weight push goes through
@@ -42,29 +44,44 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import threading
 import time
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import jax
+import jax.numpy as jnp
 import optax
 
 from dew import Trainer
+from dew.data import Loading
+from dew.data.arithmetic import Problem, careless, split
+from dew.data.chat import (
+    ChatMessages,
+    build_tokenizer,
+    prompt_ids,
+    save_tokenizer,
+    token_id,
+    vocab_size,
+)
 from dew.data.prompts import Prompts
+from dew.files import atomic_write
 from dew.inference import Server
 from dew.models import Pretrained, load_pretrained
 from dew.objectives.rl import GRPOObjective
-from dew.quickstart.command import build_context, initial_params
-from dew.quickstart.config import Settings
-from dew.quickstart.evaluate import Evaluator, prompt_ids
-from dew.quickstart.stages import LOADING, code_new_tokens, run_sft
-from dew.quickstart.tokenizer import vocab_size
-from dew.rewards import MathReward
+from dew.recipes import (
+    ModelConfig,
+    OptimizerConfig,
+    Recipe,
+    ScheduleConfig,
+    Stage,
+    build_model,
+    build_optimizer,
+)
+from dew.rewards import Evaluator, MathReward
 from dew.rollout import (
     NativeRolloutServer,
     OpenAICompletion,
@@ -80,6 +97,85 @@ from dew.sampling import Sampling
 from dew.sandbox import CodeReward, ProcessRunner, SandboxFleet, SandboxLimits
 
 MATH, CODE = "arithmetic", "python"
+LOADING = Loading(workers=0, threads=1, read_buffer=2)
+#: The quickstart's presets (``dew quickstart --size``): operands below ``limit``, held-out
+#: problems, the decoder's shape, SFT steps and rows per step.
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(limit=20, held_out=32, emb_features=32, num_layers=1, num_heads=2,
+                 mlp_features=64, sft_steps=40, batch=8, log_every=2, checkpoint_every=2),
+    "small": dict(limit=100, held_out=1000, emb_features=64, num_layers=2, num_heads=4,
+                  mlp_features=256, sft_steps=600, batch=32, log_every=5, checkpoint_every=50),
+    "medium": dict(limit=100, held_out=1000, emb_features=64, num_layers=2, num_heads=4,
+                   mlp_features=256, sft_steps=900, batch=32, log_every=5, checkpoint_every=50),
+}  # fmt: skip
+SFT_SEQ_LEN, SFT_LR, SLIP_RATE = 63, 3e-3, 0.7
+ANSWER_TOKENS = 24  # the response budget of arithmetic answers
+CODE_TOKENS = ANSWER_TOKENS + 16  # the fence and print(...) need more ids
+
+
+class Task(NamedTuple):
+    """The SFT side of the example: problems, tokenizer and decoder.
+
+    ``train`` and ``held_out`` are disjoint (``dew.data.arithmetic.split``); ``end_id`` is
+    ``<|end|>``, the id every message ends with; ``model`` reads rows of at most
+    ``SFT_SEQ_LEN + 1`` ids (or the served decoder's width with ``--engine vllm``).
+    """
+
+    train: tuple[Problem, ...]
+    held_out: tuple[Problem, ...]
+    tokenizer: Any
+    end_id: int
+    model: Any
+
+
+def build_task(size: dict[str, int], seed: int, run_dir: str) -> Task:
+    """The quickstart's task with code questions: its problems, a tokenizer trained on the
+    worked answers and a quarter of the programs (saved under ``run_dir/tokenizer``), and a
+    fresh decoder of the preset's shape."""
+    problems = split(size["limit"], size["held_out"], seed)
+    texts = [p.worked() for p in problems.train]
+    texts += [f"{p.code_question} {p.program()}" for p in problems.train[::4]]
+    tokenizer = build_tokenizer(texts)
+    save_tokenizer(tokenizer, os.path.join(run_dir, "tokenizer"))
+    shape = {k: size[k] for k in ("emb_features", "num_layers", "num_heads", "mlp_features")}
+    model, _ = build_model(ModelConfig(name="causal_transformer", **shape),
+                           vocab_size=vocab_size(tokenizer), max_seq_len=SFT_SEQ_LEN + 1)  # fmt: skip
+    end_id = token_id(tokenizer, tokenizer.special["eos_token"])
+    return Task(problems.train, problems.held_out, tokenizer, end_id, model)
+
+
+def run_sft(task: Task, size: dict[str, int], scale: float, seed: int, run_dir: str,
+            progress: bool | None) -> Any:  # fmt: skip
+    """SFT in ``run_dir/sft`` as ``dew quickstart`` trains it (restored when it finished):
+    the careless tutor's worked answers (``dew.data.arithmetic.careless``) and every fourth
+    problem as a program, AdamW warming up over a fifteenth of the steps, then a cosine to a
+    tenth of the rate. Returns the host variables."""
+    steps = max(2, int(round(size["sft_steps"] * scale)))
+    slips = careless(task.train, SLIP_RATE, seed)
+    chats = [(p.question, (p.careless() if slip else None) or p.worked())
+             for p, slip in zip(task.train, slips, strict=True)]  # fmt: skip
+    chats += [(p.code_question, p.program()) for p in task.train[::4]]
+    path = os.path.join(run_dir, "data", "sft.jsonl")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with atomic_write(path, "w") as f:
+        for question, answer in chats:
+            messages = [{"role": "user", "content": question},
+                        {"role": "assistant", "content": answer}]  # fmt: skip
+            f.write(json.dumps({"messages": messages}) + "\n")
+    data = ChatMessages(path, task.tokenizer, seq_len=SFT_SEQ_LEN, seed=seed, loading=LOADING)
+    optimizer = build_optimizer(
+        OptimizerConfig(name="adamw", learning_rate=SFT_LR, weight_decay=0.01, clip=0.0),
+        ScheduleConfig(kind="cosine", warmup_steps=max(1, steps // 15), end_fraction=0.1),
+        steps=steps,
+    )
+    key = jax.random.fold_in(jax.random.key(seed), 0)
+    start = task.model.init(key, jnp.zeros((1, SFT_SEQ_LEN), jnp.int32))
+    recipe = Recipe(model=task.model, optimizer=optimizer, key=key, output=run_dir,
+                    batch=size["batch"], stages=(Stage("sft", data, steps=steps),),
+                    pretrained=jax.device_get(start), log_every=size["log_every"],
+                    progress=progress, checkpoint_every=size["checkpoint_every"])  # fmt: skip
+    (state,) = recipe.run()
+    return jax.device_get(state.params)
 
 
 class Verifier:
@@ -100,7 +196,7 @@ class Verifier:
         return value
 
 
-def rlvr_prompts(ctx: Any, seed: int) -> tuple[Prompts, int]:
+def rlvr_prompts(ctx: Task, seed: int) -> tuple[Prompts, int]:
     """Every training question twice: as arithmetic (truth: the answer) and as code (truth:
     its test case); returns the prompts and their width P."""
     records, longest = [], 0
@@ -115,7 +211,7 @@ def rlvr_prompts(ctx: Any, seed: int) -> tuple[Prompts, int]:
     return prompts, longest
 
 
-def serve(ctx: Any, params: Any, sampling: Sampling, slots: int) -> NativeRolloutServer:
+def serve(ctx: Task, params: Any, sampling: Sampling, slots: int) -> NativeRolloutServer:
     """The rollout server: Dew's continuous-batching server on a background thread."""
     core = Server(ctx.model, params, slots=slots, capacity=ctx.model.config.max_seq_len,
                   sampling=sampling)  # fmt: skip
@@ -185,18 +281,19 @@ def main(argv: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
 def train(args: argparse.Namespace, quiet: bool = False) -> tuple[dict[str, Any], Any]:
     """SFT (or restore it), then GRPO one batch ahead; returns the summary and the final
     variables."""
-    settings = Settings.for_size(args.size, steps=args.sft_scale, seed=args.seed, code=True)
+    size = SIZES[args.size]
     os.makedirs(args.run_dir, exist_ok=True)
-    ctx, held_out = build_context(settings, args.run_dir, progress=False if quiet else None)
+    ctx = build_task(size, args.seed, args.run_dir)
+    held_out = ctx.held_out
     policy = None
     if args.engine == "vllm":
         policy = served_policy(args.vllm_dir, vocab_size(ctx.tokenizer))
-        ctx = dataclasses.replace(ctx, model=policy.model)
-    state, _ = run_sft(ctx, initial_params(ctx))  # restored when RUN_DIR/sft finished
-    sft = jax.device_get(state.params)
+        ctx = ctx._replace(model=policy.model)
+    # restored when RUN_DIR/sft finished
+    sft = run_sft(ctx, size, args.sft_scale, args.seed, args.run_dir, False if quiet else None)
 
     prompts, width_p = rlvr_prompts(ctx, args.seed)
-    budget = code_new_tokens(settings)
+    budget = CODE_TOKENS
     width = min(width_p + budget, ctx.model.config.max_seq_len)
     budget = width - width_p
     sampling = Sampling(temperature=args.temperature, eos_id=ctx.end_id)
@@ -212,7 +309,7 @@ def train(args: argparse.Namespace, quiet: bool = False) -> tuple[dict[str, Any]
         verifier = Verifier(fleet)
         problems = held_out[: args.held_out]
         evaluators = {
-            MATH: Evaluator(ctx.model, ctx.tokenizer, problems, ctx.end_id, settings.max_new_tokens),
+            MATH: Evaluator(ctx.model, ctx.tokenizer, problems, ctx.end_id, ANSWER_TOKENS),
             CODE: Evaluator(ctx.model, ctx.tokenizer, problems, ctx.end_id, budget,
                             question=lambda q: q.code_question,
                             score=lambda q, text: verifier(CODE, text, q.code_tests(), "") > 0),

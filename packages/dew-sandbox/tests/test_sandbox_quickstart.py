@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from dew.data.arithmetic import Problem
 from dew.quickstart import main
 from dew.quickstart.plugins import load_code_reward
-from dew.quickstart.task import Problem
 from dew.sandbox.quickstart import code_reward
 
 

@@ -106,9 +106,9 @@ def build_context(settings: Settings, run_dir: str, progress: bool | None) -> An
     held-out, a tokenizer built on the training texts (saved under ``run_dir/tokenizer``) and a
     fresh decoder; returns ``(Context, held-out problems)``. Examples build on it too
     (``examples/train_rlvr.py``)."""
+    from dew.data.arithmetic import split
+    from dew.data.chat.bpe import END, build_tokenizer, save_tokenizer, token_id, vocab_size
     from dew.quickstart.stages import Context
-    from dew.quickstart.task import split
-    from dew.quickstart.tokenizer import END, build_tokenizer, save_tokenizer, token_id, vocab_size
     from dew.recipes.builder import build_model
 
     problems = split(settings.limit, settings.held_out, settings.seed)
@@ -136,8 +136,8 @@ def build_context(settings: Settings, run_dir: str, progress: bool | None) -> An
 
 def run(settings: Settings, run_dir: str, progress: bool | None = None) -> dict[str, Any]:
     """Train (or restore) every stage and return the summary written to ``summary.json``."""
-    from dew.quickstart.evaluate import Evaluator
     from dew.quickstart.stages import stages
+    from dew.rewards.accuracy import Evaluator
 
     t0 = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
@@ -155,9 +155,9 @@ def _code_setup(stack: contextlib.ExitStack, ctx: Any, held_out: Any) -> tuple[A
     """Open the sandbox fleet for ``--code``: the stage's reward and its held-out evaluator."""
     import dataclasses
 
-    from dew.quickstart.evaluate import Evaluator
     from dew.quickstart.plugins import load_code_reward
     from dew.quickstart.stages import DATA_SOURCE, code_new_tokens
+    from dew.rewards.accuracy import Evaluator
 
     reward = stack.enter_context(load_code_reward()())
     ctx = dataclasses.replace(ctx, code_reward=reward)
@@ -179,7 +179,6 @@ def _run_stages(
 ) -> dict[str, Any]:
     import jax
 
-    from dew.quickstart.evaluate import changed
     from dew.quickstart.machine import machine_record
     from dew.quickstart.report import (
         read_json,
@@ -188,6 +187,7 @@ def _run_stages(
         write_json,
         write_report_plot,
     )
+    from dew.rewards.accuracy import changed
 
     params: Any = initial_params(ctx)
     before: Any = None

@@ -34,17 +34,16 @@ import jax
 import numpy as np
 
 from dew.data import Loading
+from dew.data.arithmetic import Problem, careless
 from dew.data.chat import ChatMessages
-from dew.data.chat.template import ChatTokenizer
+from dew.data.chat.bpe import END
+from dew.data.chat.template import ChatTokenizer, prompt_ids
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.files import atomic_write
 from dew.inference import TextGeneration
 from dew.quickstart.config import Settings
-from dew.quickstart.evaluate import prompt_ids
 from dew.quickstart.pairs import Pair, PreferenceCheck, build_pairs, slip_pair
-from dew.quickstart.task import Problem
-from dew.quickstart.tokenizer import END
 from dew.recipes.chain import Recipe, Stage
 from dew.rewards import MathReward
 from dew.trainer import TrainState
@@ -80,15 +79,6 @@ def _conversation(problem: Problem, answer: str) -> dict[str, Any]:
             {"role": "assistant", "content": answer},
         ]
     }
-
-
-def careless(problems: tuple[Problem, ...], rate: float, seed: int) -> list[bool]:
-    """Which demonstrations the careless tutor writes (``Problem.careless``): each problem
-    that has a careless answer, with probability ``rate`` (a draw seeded by ``seed``)."""
-    draws = np.random.default_rng([seed, 3]).random(len(problems))
-    return [
-        p.careless() is not None and bool(u < rate) for p, u in zip(problems, draws, strict=True)
-    ]
 
 
 def _code_conversation(problem: Problem) -> dict[str, Any]:

@@ -137,6 +137,14 @@ class ChatTokenizer:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
 
+def prompt_ids(tokenizer: ChatTokenizer, question: str) -> list[int]:
+    """The ids of one user ``question`` rendered by ``tokenizer``'s template and followed by
+    the assistant generation prompt: what a policy reads before it answers (``[P]`` ids, no
+    padding)."""
+    messages = [{"role": "user", "content": question}]
+    return tokenizer.encode(tokenizer.render(messages, add_generation_prompt=True))
+
+
 #: What a tokenizer directory holds that loaders read (``tokenizers``, ``transformers``, Dew).
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -1,12 +1,13 @@
-"""Held-out accuracy by greedy decoding, scored by ``MathReward``.
+"""Held-out accuracy of a policy by greedy decoding, scored by ``MathReward`` (or a score of
+the caller's); ``dew quickstart`` measures every stage with it, ``examples/train_rlvr.py`` too.
 
 Each held-out question is rendered with the chat template and its generation prompt,
 decoded greedily (temperature 0) by ``dew.inference.TextGeneration`` until ``<|end|>`` or the
 token budget, and the decoded text is scored by ``MathReward`` against the exact integer
 answer: a problem counts as solved only when the last ``\\boxed{}`` of the response equals it.
 One ``Evaluator`` keeps its compiled program, so evaluating before and after every stage
-compiles once. The ``--code`` stage's evaluator asks ``Problem.code_question`` instead and
-scores with the sandbox's code reward (``question`` and ``score`` arguments).
+compiles once. The quickstart's ``--code`` stage's evaluator asks ``Problem.code_question``
+instead and scores with the sandbox's code reward (``question`` and ``score`` arguments).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import jax
 
-from dew.data.chat.template import ChatTokenizer
+from dew.data.arithmetic import Problem
+from dew.data.chat.template import ChatTokenizer, prompt_ids
 from dew.inference import TextGeneration
-from dew.quickstart.task import Problem
-from dew.rewards import MathReward
+from dew.rewards.math_reward import MathReward
 from dew.sampling import Sampling
 
 
@@ -76,18 +77,12 @@ def changed(
     return out
 
 
-def prompt_ids(tokenizer: ChatTokenizer, question: str) -> list[int]:
-    """The ids of one user question followed by the assistant generation prompt."""
-    messages = [{"role": "user", "content": question}]
-    return tokenizer.encode(tokenizer.render(messages, add_generation_prompt=True))
-
-
 class Evaluator:
     """Greedy held-out accuracy of a decoder's variables.
 
     Args:
       model: a ``dew.models`` decoder.
-      tokenizer: the quickstart's ``ChatTokenizer``.
+      tokenizer: the ``ChatTokenizer`` of the policy (e.g. ``dew.data.chat.build_tokenizer``'s).
       problems: the held-out problems.
       eos_id: the id that ends a response (``<|end|>``).
       max_new_tokens: the response budget.
@@ -136,3 +131,6 @@ class Evaluator:
         solved = sum(correct)
         questions = tuple(self.question(p) for p in self.problems)
         return Accuracy(solved / total, solved, total, questions, tuple(responses), tuple(correct))
+
+
+__all__ = ["Accuracy", "Evaluator", "changed", "standard_error"]

@@ -1,4 +1,5 @@
-"""A byte-level BPE tokenizer with a compact chat template, trained in code on the task text.
+"""A byte-level BPE tokenizer with a compact chat template, trained in code on a task's text
+(``dew quickstart`` builds one on its arithmetic; ``examples/train_rlvr.py`` too).
 
 Pre-tokenization splits every digit on its own (so numbers are read digit by digit, never
 as learned multi-digit pieces) and then applies GPT-2's byte-level split; the BPE merges,
@@ -87,4 +88,20 @@ def token_id(tokenizer: ChatTokenizer, text: str) -> int:
 
 
 def vocab_size(tokenizer: ChatTokenizer) -> int:
+    """How many ids ``tokenizer`` gives out: the embedding rows a decoder needs for it
+    (special tokens and merges included)."""
     return int(tokenizer.tokenizer.get_vocab_size())
+
+
+__all__ = [
+    "ASSISTANT",
+    "END",
+    "PAD",
+    "SPECIAL",
+    "TEMPLATE",
+    "USER",
+    "build_tokenizer",
+    "save_tokenizer",
+    "token_id",
+    "vocab_size",
+]

@@ -1,4 +1,5 @@
-"""The quickstart's task: two-operand integer arithmetic generated in code.
+"""Two-operand integer arithmetic generated in code: the task of ``dew quickstart`` and of
+``examples/train_rlvr.py``.
 
 A problem is ``a + b`` or ``a - b`` with ``0 <= a, b < limit``; subtraction keeps ``a >= b``
 so every answer is a non-negative integer. All problems of the space are enumerated once,
@@ -142,6 +143,15 @@ class Problem:
         raise AssertionError(f"no wrong answer found for {self.question}")  # pragma: no cover
 
 
+def careless(problems: tuple[Problem, ...], rate: float, seed: int) -> list[bool]:
+    """Which demonstrations the careless tutor writes (``Problem.careless``): each problem
+    that has a careless answer, with probability ``rate`` (a draw seeded by ``seed``)."""
+    draws = np.random.default_rng([seed, 3]).random(len(problems))
+    return [
+        p.careless() is not None and bool(u < rate) for p, u in zip(problems, draws, strict=True)
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
     """Disjoint training and held-out problems."""
@@ -173,3 +183,6 @@ def split(limit: int, held_out: int, seed: int) -> Split:
     order = np.random.default_rng(seed).permutation(len(problems))
     shuffled = [problems[i] for i in order]
     return Split(train=tuple(shuffled[held_out:]), held_out=tuple(shuffled[:held_out]))
+
+
+__all__ = ["OPERATORS", "Problem", "Split", "all_problems", "careless", "split"]
