@@ -10,14 +10,17 @@ imports included). The rules:
 * ``dew`` never imports ``dew.rollout``, ``dew.sandbox`` or ``dew.flow``;
 * ``dew.flow`` reads ``dew`` and ``dew.rl`` but not ``dew.rollout`` or ``dew.sandbox``;
 * only ``dew.quickstart`` itself and ``dew.cli`` import ``dew.quickstart`` (the demo is no
-  library: what other modules need from it lives elsewhere, the PNG writer in ``dew.png``);
+  library: what other modules need from it lives elsewhere, the PNG writer in ``dew.png``, the
+  arithmetic task and its tokenizer in ``dew.data``, held-out accuracy in ``dew.rewards``);
+  the scripts under ``examples/`` and ``tools/`` are held to this rule too (to it alone);
 * no import cycle (``import_cycles``) between the modules of all five distributions: none
   through the imports that run at module level (not inside functions, not under
   ``if TYPE_CHECKING:``), and, stricter, none even counting the imports inside functions;
 * inside ``dew`` (``inner_violations``): ``dew.data``, ``dew.models`` and ``dew.sampling``
   import nothing else of ``dew``, ``dew.inference`` only ``dew.models`` and ``dew.sampling``,
-  ``dew.sessions`` only ``dew.rl``, ``dew.rollouts`` only ``dew.sessions``, ``dew.rl``,
-  ``dew.data``, ``dew.inference``, ``dew.models`` and ``dew.sampling``; ``dew.trainer`` no
+  ``dew.rewards`` only ``dew.data``, ``dew.inference`` and ``dew.sampling``, ``dew.sessions``
+  only ``dew.rl``, ``dew.rollouts`` only ``dew.sessions``, ``dew.rl``, ``dew.data``,
+  ``dew.inference``, ``dew.models`` and ``dew.sampling``; ``dew.trainer`` no
   objective (only the protocol in ``dew.objectives.base``), no session and no collector
   (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
   ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
@@ -101,15 +104,22 @@ def violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
             for satellite in SATELLITES:
                 if _within(name, satellite):
                     bad.append(f"{module}:{line} dew imports {satellite} ({name})")
-        if _within(name, "dew.quickstart") and not any(
-            _within(module, reader) for reader in QUICKSTART_READERS
-        ):
-            bad.append(f"{module}:{line} only {', '.join(QUICKSTART_READERS)} import {name}")
         if _within(module, "dew.flow"):
             for other in ("dew.rollout", "dew.sandbox"):
                 if _within(name, other):
                     bad.append(f"{module}:{line} dew.flow imports {other} ({name})")
-    return bad
+    return bad + quickstart_violations(module, imports)
+
+
+def quickstart_violations(module: str, imports: list[tuple[int, str]]) -> list[str]:
+    """Which of ``imports`` made by ``module`` read ``dew.quickstart`` without being one of
+    ``QUICKSTART_READERS``."""
+    return [
+        f"{module}:{line} only {', '.join(QUICKSTART_READERS)} import {name}"
+        for line, name in imports
+        if _within(name, "dew.quickstart")
+        and not any(_within(module, reader) for reader in QUICKSTART_READERS)
+    ]
 
 
 def source_files() -> list[tuple[pathlib.Path, str]]:
@@ -170,6 +180,53 @@ def test_planted_violation_is_caught(module: str, source: str) -> None:
     assert check_source(textwrap.dedent(source), module), f"missed: {module}: {source!r}"
 
 
+#: Folders of scripts that use Dew as its users do; they may import no dew.quickstart.
+SCRIPT_FOLDERS = ("examples", "tools")
+
+
+def script_files() -> list[tuple[pathlib.Path, str]]:
+    """Every script under ``SCRIPT_FOLDERS``, named like a module (``examples.train_rlvr``)."""
+    return [
+        (path, module_name(path, ROOT))
+        for folder in SCRIPT_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+
+
+def check_script(source: str, module: str, is_package: bool = False) -> list[str]:
+    return quickstart_violations(module, imported_modules(source, module, is_package))
+
+
+def test_no_example_or_tool_imports_the_quickstart() -> None:
+    files = script_files()
+    assert {module.partition(".")[0] for _, module in files} == set(SCRIPT_FOLDERS)
+    bad: list[str] = []
+    for path, module in files:
+        bad += check_script(path.read_text(), module, path.name == "__init__.py")
+    assert not bad, "scripts that import dew.quickstart:\n" + "\n".join(bad)
+
+
+SCRIPT_PLANTED = [
+    ("examples.train_rlvr", "from dew.quickstart.stages import run_sft\n"),
+    ("examples.flow_grpo", "from dew import quickstart\n"),
+    ("tools.parity_dpo", "def f():\n    import dew.quickstart.evaluate\n"),
+    ("tools.bench.bench_sft", "from dew.quickstart.config import Settings as S\n"),
+]
+
+
+@pytest.mark.parametrize(("module", "source"), SCRIPT_PLANTED)
+def test_planted_script_violation_is_caught(module: str, source: str) -> None:
+    assert check_script(textwrap.dedent(source), module), f"missed: {module}: {source!r}"
+
+
+def test_scripts_may_read_the_rooms_the_quickstart_reads_too() -> None:
+    source = (
+        "from dew.data.arithmetic import split\nfrom dew.rewards import Evaluator\n"
+        "from dew.flow.quickstart import main\nimport dew.rl\n"
+    )
+    assert check_script(source, "examples.train_rlvr") == []
+
+
 ALLOWED = [
     ("dew.rl._gae", "import functools\nimport jax.numpy as jnp\nimport numpy as np\n"),
     ("dew.rl", "from ._gae import gae\nfrom dew.rl._token_mean import token_mean\n"),
@@ -211,6 +268,7 @@ INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) i
     "dew.png": (),
     "dew.journal_files": (),
     "dew.inference": ("dew.models", "dew.sampling"),
+    "dew.rewards": ("dew.data", "dew.inference", "dew.sampling"),
     "dew.sessions": ("dew.rl",),
     "dew.rollouts": (
         "dew.sessions",
@@ -308,6 +366,8 @@ INNER_PLANTED = [
     ("dew.journal_files", "from dew.rollouts.episodes import EpisodeJournal\n"),
     ("dew.png", "import dew.models\n"),
     ("dew.png", "from dew.quickstart.plot import write_plot\n"),
+    ("dew.rewards.accuracy", "from dew.trainer import Trainer\n"),
+    ("dew.rewards.math_reward", "from dew.objectives.rl import GRPOObjective\n"),
 ]
 
 
@@ -361,6 +421,10 @@ INNER_ALLOWED = [
     ("dew.data.prompts", "from dew.progress import TerminalBar\n"),
     ("dew.png", "import zlib\nimport numpy as np\nfrom dew.files import atomic_write\n"),
     ("dew.flow.quickstart", "from dew.png import Canvas\n"),
+    (
+        "dew.rewards.accuracy",
+        "from dew.data.chat.template import prompt_ids\nfrom dew.inference import TextGeneration\n",
+    ),
 ]
 
 
