@@ -19,8 +19,10 @@ MODEL = {"name": "qwen3", "vocab_size": 64, "emb_features": 16, "num_layers": 1,
 PROMPTS = [{"prompt": [1, 2, 3], "ground_truth": "7"}, {"prompt": [4, 5], "ground_truth": "9"}]
 # every GRPO option both front ends spell alike, each away from its default
 SHARED = {"beta": 0.05, "groups": 3, "max_new_tokens": 5, "temperature": 0.7, "eos_id": 2,
-          "policy_loss": "gspo", "aggregation": "session-mean", "epsilon_low": 0.1,
-          "epsilon_high": 0.3, "dual_clip": None}  # fmt: skip
+          "estimator": "rloo", "policy_loss": "gspo", "aggregation": "session-mean",
+          "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": None,
+          "behavior_importance": [0.5, 2.0], "sequence_mask": [0.25, 4.0],
+          "geometric_mask": [0.8, 1.25]}  # fmt: skip
 
 
 def low(data_source, completion, ground_truth, extra_info):
@@ -81,7 +83,8 @@ def chain_objective(prompts, options):
 
 def settings(objective, rollout):
     return (objective.seq_len, objective.loss_options, objective.sampling_temperature,
-            rollout.groups, rollout.max_new_tokens, rollout.sampling)  # fmt: skip
+            rollout.groups, rollout.max_new_tokens, rollout.sampling,
+            rollout.estimator)  # fmt: skip
 
 
 def test_chain_and_train_build_equal_objectives_from_the_same_options(prompts):
@@ -92,6 +95,9 @@ def test_chain_and_train_build_equal_objectives_from_the_same_options(prompts):
     loss = trained[0].loss_options
     assert (loss.policy_loss, loss.aggregation, loss.dual_clip) == ("gspo", "session-mean", None)
     assert trained[1].sampling.top_k == 5 and trained[1].sampling.eos_id == 2
+    # lists in the config are tuples on the objective, from both front ends
+    assert loss.behavior_importance == (0.5, 2.0) and loss.sequence_mask == (0.25, 4.0)
+    assert loss.geometric_mask == (0.8, 1.25) and trained[1].estimator == "rloo"
 
 
 def test_every_loss_key_reaches_the_objective():
@@ -100,7 +106,8 @@ def test_every_loss_key_reaches_the_objective():
 
     model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
     options = {"policy_loss": "cispo", "aggregation": "session-mean", "epsilon_low": 0.15,
-               "epsilon_high": 0.25, "dual_clip": 4.0}  # fmt: skip
+               "epsilon_high": 0.25, "dual_clip": 4.0, "behavior_importance": 2.0,
+               "sequence_mask": (0.5, 2.0), "geometric_mask": (0.9, 1.1)}  # fmt: skip
     assert set(options) == set(LOSS_KEYS)
     objective, _ = build_stage("grpo", model, 8, options, reward=low)
     assert {k: getattr(objective.loss_options, k) for k in LOSS_KEYS} == options
@@ -131,3 +138,66 @@ def test_a_loss_option_on_a_non_grpo_stage_is_refused():
     pairs = PreferencePairs(records=(json.dumps(pair),), seq_len=8)
     with pytest.raises(ValueError, match=r"Stage.policy_loss \(d\): only a Prompts \(GRPO\)"):
         Stage("d", pairs, steps=1, policy_loss="gspo")
+
+
+def test_behavior_importance_is_a_cap_or_a_band_from_either_front_end(prompts):
+    capped, _ = train_objective(prompts, "objective.behavior_importance=2")
+    assert capped.loss_options.behavior_importance == 2.0  # TIS: a cap
+    band, _ = chain_objective(prompts, {"behavior_importance": [0.5, 3]})
+    assert band.loss_options.behavior_importance == (0.5, 3.0)  # IcePop: a band
+    plain, rollout = train_objective(prompts)
+    options = plain.loss_options
+    assert (options.behavior_importance, options.sequence_mask, options.geometric_mask) == (
+        None,
+        None,
+        None,
+    )
+    assert rollout.estimator == "group"  # the defaults stay SampledRollout's and GRPOObjective's
+
+
+def test_build_stage_turns_lists_into_tuples():
+    import dew.models
+
+    model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
+    options = {"sequence_mask": [0.5, 2], "behavior_importance": [0.25, 4], "estimator": "mean"}
+    objective, rollout = build_stage("grpo", model, 8, options, reward=low)
+    assert objective.loss_options.sequence_mask == (0.5, 2.0)
+    assert objective.loss_options.behavior_importance == (0.25, 4.0)
+    assert rollout.estimator == "mean"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("sequence_mask", [0.5], r"sequence_mask: expected \[float, float\] or null, got \[0.5\]"),
+        ("geometric_mask", "0.5", r"geometric_mask: expected \[float, float\] or null, got '0.5'"),
+        ("sequence_mask", [0.5, "x"], r"sequence_mask: expected \[float, float\] or null, got"),
+        ("geometric_mask", [2.0, 0.5], r"geometric_mask: expected 0 < low <= high < inf"),
+        ("behavior_importance", [1, 2, 3], r"behavior_importance: expected float or \[float"),
+        ("behavior_importance", -1.0, r"behavior_importance: expected a positive finite cap"),
+        ("estimator", "median", r"estimator: expected one of group, mean, rloo, got 'median'"),
+    ],
+)
+def test_a_malformed_tuple_option_or_estimator_is_refused_naming_its_key(
+    prompts, capsys, key, value, message
+):
+    with pytest.raises(ConfigError, match=r"^objective\." + message):
+        build_stage("grpo", None, 8, {key: value}, reward=low)
+    status = main(train_argv(prompts, f"objective.{key}={json.dumps(value)}"))
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err and f"objective.{key}" in err, err
+    with pytest.raises((ConfigError, ValueError), match=key):
+        chain_objective(prompts, {key: value})
+
+
+def test_check_value_reads_a_list_as_a_fixed_length_tuple():
+    from dew.recipes.schema import check_value
+
+    assert check_value([1, 2.5], tuple[float, float], "k") == (1.0, 2.5)
+    assert check_value((3, 4), tuple[float, float], "k") == (3.0, 4.0)
+    with pytest.raises(
+        ConfigError, match=r"^k: expected a list of 2 \(\[float, float\]\), got \[1\]"
+    ):
+        check_value([1], tuple[float, float], "k")
+    with pytest.raises(ConfigError, match=r"^k\[1\]: expected a number, got 'x'"):
+        check_value([1, "x"], tuple[float, float], "k")

@@ -18,10 +18,11 @@ directory already holds a checkpoint resumes from it, and a finished one restore
 training. The name only labels the directory; it never changes how data is read.
 
 GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sample`` (the
-sampler's top-k), ``temperature`` (the rollout samples at it and the objective scores at the
+sampler's top-k), ``estimator`` (the advantage estimator: ``group``, ``mean`` or ``rloo``), ``temperature`` (the rollout samples at it and the objective scores at the
 same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
 the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``epsilon_low``,
-``epsilon_high`` and ``dual_clip`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
+``epsilon_high``, ``dual_clip`` and the rollout corrections ``behavior_importance``,
+``sequence_mask`` and ``geometric_mask`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
 grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
 keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
 ids separated by spaces as the reward's text, and the dual-clipped PPO loss.
@@ -43,6 +44,7 @@ from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
+from dew.sessions.advantages import ESTIMATORS
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,9 @@ class Stage(GRPOLoss):
         ``max_new_tokens``).
       decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
         separated by spaces).
-      policy_loss, aggregation, epsilon_low, epsilon_high, dual_clip: GRPO's loss options,
+      estimator: GRPO's advantage estimator, ``"group"`` (default), ``"mean"`` or ``"rloo"``.
+      policy_loss, aggregation, epsilon_low, epsilon_high, dual_clip, behavior_importance,
+      sequence_mask, geometric_mask: GRPO's loss options,
         keyword-only (``dew.recipes.stages.GRPOLoss``, the same keys as ``dew train grpo``'s
         ``objective`` section).
     """
@@ -82,6 +86,7 @@ class Stage(GRPOLoss):
     temperature: float | None = None
     eos_id: int | tuple[int, ...] | None = None
     decode: Callable[[Any], str] | None = None
+    estimator: str = "group"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or os.sep in self.name:
@@ -116,7 +121,13 @@ class Stage(GRPOLoss):
             "temperature": self.temperature,
             "eos_id": self.eos_id,
             "decode": self.decode,
+            "estimator": None if self.estimator == "group" else self.estimator,
         }
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(
+                f"Stage.estimator ({self.name}): expected one of {', '.join(ESTIMATORS)}, "
+                f"got {self.estimator!r}"
+            )
         for option, value in rollout_options.items():
             if value is not None and not isinstance(self.data, Prompts):
                 raise ValueError(
@@ -219,6 +230,7 @@ class Recipe:
             options = {"beta": stage.beta, "groups": stage.groups,
                        "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
                        "top_k": stage.sample, "eos_id": stage.eos_id,
+                       "estimator": stage.estimator,
                        **{key: getattr(stage, key) for key in LOSS_KEYS}}  # fmt: skip
             width = data.max_prompt_len + stage.max_new_tokens
         else:  # the SFT row is seq_len + 1 ids wide

@@ -48,12 +48,25 @@ def unknown_key(where: str, key: str, choices: Iterable[str]) -> ConfigError:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is tuple:  # a fixed-length tuple, written as a list in a config
+        return "[" + ", ".join(_type_name(t) for t in typing.get_args(tp)) + "]"
     return getattr(tp, "__name__", str(tp))
 
 
 def check_value(value: Any, tp: Any, where: str) -> Any:
-    """``value`` converted to the annotated type ``tp`` (int, float, str, bool, optional)."""
+    """``value`` converted to the annotated type ``tp`` (int, float, str, bool, optional, or a
+    fixed-length ``tuple[...]``, which a JSON or YAML config spells as a list of as many
+    items: ``[0.5, 2.0]`` for ``tuple[float, float]`` gives ``(0.5, 2.0)``)."""
     origin = typing.get_origin(tp)
+    if origin is tuple:
+        items = typing.get_args(tp)
+        if not isinstance(value, list | tuple) or len(value) != len(items):
+            raise ConfigError(
+                f"{where}: expected a list of {len(items)} ({_type_name(tp)}), got {value!r}"
+            )
+        return tuple(
+            check_value(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, items))
+        )
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:

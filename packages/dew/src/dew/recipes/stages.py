@@ -8,9 +8,17 @@ options from a ``Stage``). Each passes a mapping of the kind's option keys:
 lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``
 dpo        ``beta`` (default 0.1), ``nll_weight`` (default 0)
 grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``, ``top_k``,
-           ``eos_id`` and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
-           ``epsilon_low``, ``epsilon_high``, ``dual_clip``)
+           ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
+           ``rloo``) and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
+           ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
+           ``sequence_mask``, ``geometric_mask``)
 =========  =========================================================================
+
+The rollout corrections are tuple-valued: ``behavior_importance`` is a TIS cap (one number)
+or an IcePop band ``(low, high)``, ``sequence_mask`` and ``geometric_mask`` are ``(low,
+high)`` bands. A config spells a band as a list of two numbers (JSON and YAML have no
+tuples); ``dew.recipes.schema.check_value`` turns it into a tuple, and ``build_stage`` checks
+the values as ``GRPOObjective`` would, naming the key of a malformed one.
 
 ``GRPOLoss`` is the one schema of ``GRPOObjective``'s loss options: ``dew train grpo``'s
 ``objective`` section and a chain ``Stage`` both inherit its fields, so a loss option added
@@ -21,10 +29,11 @@ An unknown option key is refused naming it.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from dew.recipes.schema import ConfigError, unknown_key
+from dew.recipes.schema import ConfigError, check_value, unknown_key
 
 KINDS = ("lm", "sft", "dpo", "grpo")
 DEFAULT_DPO_BETA = 0.1
@@ -40,6 +49,11 @@ class GRPOLoss:
       aggregation: ``"token-mean"`` or ``"session-mean"``.
       epsilon_low, epsilon_high: the PPO clip range ``[1 - low, 1 + high]``.
       dual_clip: verl's ``clip_ratio_c`` (> 1); None disables it.
+      behavior_importance: the behavior-policy correction: a TIS cap ``c`` (token weights
+        ``min(ratio, c)``) or an IcePop band ``(low, high)`` (tokens outside it masked);
+        None: no correction.
+      sequence_mask, geometric_mask: ``(low, high)`` bands on a session's summed or
+        geometric-mean ratio; sessions outside are masked. None: no mask.
     """
 
     policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
@@ -47,6 +61,9 @@ class GRPOLoss:
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     dual_clip: float | None = 3.0
+    behavior_importance: float | tuple[float, float] | None = None
+    sequence_mask: tuple[float, float] | None = None
+    geometric_mask: tuple[float, float] | None = None
 
     def loss_options(self) -> dict[str, Any]:
         """The loss keys and their values, as ``GRPOObjective`` takes them."""
@@ -68,11 +85,14 @@ class GRPOLoss:
 
 
 LOSS_KEYS = tuple(f.name for f in dataclasses.fields(GRPOLoss))
+#: The loss keys that take a tuple (a list in a config).
+TUPLE_KEYS = ("behavior_importance", "sequence_mask", "geometric_mask")
+ROLLOUT_KEYS = ("groups", "max_new_tokens", "temperature", "top_k", "eos_id", "estimator")
 OPTION_KEYS = {
     "lm": ("ema_decay",),
     "sft": ("all_tokens", "ema_decay"),
     "dpo": ("beta", "nll_weight"),
-    "grpo": ("beta", "groups", "max_new_tokens", "temperature", "top_k", "eos_id", *LOSS_KEYS),
+    "grpo": ("beta", *ROLLOUT_KEYS, *LOSS_KEYS),
 }
 
 
@@ -122,10 +142,21 @@ def build_stage(
     from dew.objectives.rl.grpo import GRPOObjective
     from dew.rollouts.sampled import SampledRollout
     from dew.sampling import Sampling
+    from dew.sessions.advantages import ESTIMATORS
 
     if reward is None:
         raise ConfigError(f"{where}.reward: a GRPO stage needs a reward")
+    estimator = o.get("estimator", "group")
+    if estimator not in ESTIMATORS:
+        raise ConfigError(
+            f"{where}.estimator: expected one of {', '.join(ESTIMATORS)}, got {estimator!r}"
+        )
+    hints = typing.get_type_hints(GRPOLoss)
+    for key in TUPLE_KEYS:  # a list from JSON or YAML becomes a tuple; a bad value names key
+        if key in o:
+            o[key] = check_value(o[key], hints[key], f"{where}.{key}")
     loss = GRPOLoss(**{k: o[k] for k in LOSS_KEYS if k in o})
+    loss.check_loss(lambda key: f"{where}.{key}")
     temperature = o.get("temperature")
     objective = GRPOObjective(
         model,
@@ -146,6 +177,7 @@ def build_stage(
             eos_id=o.get("eos_id"),
         ),
         decode=decode,
+        estimator=estimator,
     )
     return objective, rollout
 

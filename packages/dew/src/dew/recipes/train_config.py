@@ -174,9 +174,10 @@ class DPOObjectiveConfig:
 @dataclasses.dataclass(frozen=True)
 class GRPOObjectiveConfig(GRPOLoss):
     """The rollout and loss of GRPO: ``reward`` is ``module:function`` (or a class, made with
-    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient; the loss keys
-    (``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``) are
-    ``dew.recipes.stages.GRPOLoss``'s."""
+    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
+    the advantage estimator (``group``, ``mean`` or ``rloo``); the loss keys (``policy_loss``,
+    ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
+    ``sequence_mask``, ``geometric_mask``) are ``dew.recipes.stages.GRPOLoss``'s."""
 
     reward: str = "dew.rewards:MathReward"
     groups: int = 4
@@ -185,6 +186,7 @@ class GRPOObjectiveConfig(GRPOLoss):
     temperature: float = 1.0
     top_k: int | None = None
     eos_id: int | None = None
+    estimator: Literal["group", "mean", "rloo"] = "group"
 
     def __post_init__(self) -> None:
         if self.groups < 2:
