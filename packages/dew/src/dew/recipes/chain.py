@@ -68,10 +68,11 @@ class Stage(GRPOLoss):
       decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
         separated by spaces).
       estimator: GRPO's advantage estimator, ``"group"`` (default), ``"mean"`` or ``"rloo"``.
-      policy_loss, aggregation, epsilon_low, epsilon_high, dual_clip, behavior_importance,
-      sequence_mask, geometric_mask: GRPO's loss options,
-        keyword-only (``dew.recipes.stages.GRPOLoss``, the same keys as ``dew train grpo``'s
-        ``objective`` section).
+
+    GRPO's loss options are keyword-only fields too, the keys of
+    ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
+    ``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``,
+    ``behavior_importance``, ``sequence_mask`` and ``geometric_mask``.
     """
 
     name: str
