@@ -256,7 +256,7 @@ def test_grpo_settings(work, capsys, tmp_path):
     )
     os.chdir(base)
     for reward, message in [
-        ("nope", "objective.reward: expected 'module:function', got 'nope'"),
+        ("nope", "objective.reward: expected 'math' or 'module:object', got 'nope'"),
         ("no_such_module_x:f", "objective.reward: cannot import module 'no_such_module_x'"),
         ("rewards_err:score", "objective.reward: module 'rewards_err' has no attribute 'score'"),
         ("rewards_err:VALUE", "objective.reward: 'rewards_err:VALUE' is not callable"),
@@ -421,6 +421,24 @@ def test_chain_reward_classes_are_made_and_checked_before_any_stage(work, capsys
     reward = recipe_from_config(path).stages[1].reward
     assert isinstance(reward, MathReward)
     assert reward("s", "so \\boxed{3}", "3", "") == 1.0
+    assert recipe_from_config(path).stages[1].decode is None  # no tokenizer: ids as text
+    # The short name, a class made with reward_args, and decoded text with a tokenizer.
+    (tmp_path / "rewards_scaled.py").write_text(
+        "class Scaled:\n    def __init__(self, scale):\n        self.scale = scale\n"
+        "    def __call__(self, source, completion, truth, extra):\n"
+        "        return self.scale * (completion == truth)\n"
+    )
+    path.write_text(json.dumps({**config, "stages": [sft, {**grpo, "reward": "math"}]}))
+    assert isinstance(recipe_from_config(path).stages[1].reward, MathReward)
+    scaled = {**grpo, "reward": "rewards_scaled:Scaled", "reward_args": {"scale": 2.5},
+              "data": {**grpo["data"], "tokenizer": tok}}  # fmt: skip
+    path.write_text(json.dumps({**config, "stages": [sft, scaled]}))
+    stage = recipe_from_config(path).stages[1]
+    assert stage.reward("s", "3", "3", "") == 2.5
+    from dew.data.prompts import resolve_tokenizer
+
+    ids = resolve_tokenizer(tok).encode("so \\boxed{3}")
+    assert stage.decode(ids) == "so \\boxed{3}"
     (tmp_path / "rewards_needing_args.py").write_text(
         "class Scored:\n    def __init__(self, scale):\n        self.scale = scale\n"
     )
@@ -428,6 +446,14 @@ def test_chain_reward_classes_are_made_and_checked_before_any_stage(work, capsys
     cases = [
         ({**grpo, "reward": "rewards_needing_args:Scored"},
          "stages.1.reward: Scored() failed (TypeError: "),
+        ({**grpo, "reward": "rewards_needing_args:Scored", "reward_args": {"scales": 2}},
+         "stages.1.reward: Scored(scales=2) failed (TypeError: "),
+        ({**grpo, "reward": "rewards_needing_args:Scored", "reward_args": [2]},
+         "stages.1.reward_args: expected a mapping of keyword arguments, got [2]"),
+        ({**grpo, "reward": "dew.rewards.math_reward:MathReward", "reward_args": {"x": 1}},
+         "stages.1.reward: MathReward(x=1) failed (TypeError: "),
+        ({**grpo, "reward": "math", "data": {**grpo["data"], "tokenizer": "./no-such-tok"}},
+         "stages.1.data.tokenizer: no such file or directory"),
         ({**grpo, "data": {**grpo["data"], "records": no_truth}},
          "stages.1: Stage.data (grpo): 1 of 1 rows have no 'ground_truth'"),
     ]  # fmt: skip

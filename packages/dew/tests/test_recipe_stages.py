@@ -201,3 +201,22 @@ def test_check_value_reads_a_list_as_a_fixed_length_tuple():
         check_value([1], tuple[float, float], "k")
     with pytest.raises(ConfigError, match=r"^k\[1\]: expected a number, got 'x'"):
         check_value([1, "x"], tuple[float, float], "k")
+
+
+def test_train_grpo_makes_a_reward_class_with_reward_args(prompts):
+    """dew train and dew chain load rewards alike: a short name, or a class made with
+    objective.reward_args as keyword arguments."""
+    from dew.rewards import MathReward
+
+    (prompts.parent / "rewards_scaled.py").write_text(
+        "class Scaled:\n    def __init__(self, scale):\n        self.scale = scale\n"
+        "    def __call__(self, source, completion, truth, extra):\n        return self.scale\n"
+    )
+    _, rollout = train_objective(prompts, "objective.reward=math")
+    assert isinstance(rollout.reward, MathReward)
+    _, rollout = train_objective(
+        prompts, "objective.reward=rewards_scaled:Scaled", 'objective.reward_args={"scale": 2.5}'
+    )
+    assert rollout.reward("s", "c", "t", "") == 2.5
+    with pytest.raises(ConfigError, match=r"objective.reward_args: 'rewards_stages:low' is a func"):
+        train_objective(prompts, 'objective.reward_args={"scale": 2.5}')

@@ -15,15 +15,18 @@ The config (paths inside it are relative to the config file's directory)::
          data: {type: ChatMessages, path: chat.jsonl, tokenizer: tok, seq_len: 63}}
       - {name: dpo, steps: 50, beta: 0.1, optimizer: {name: adam, learning_rate: 1e-6},
          data: {type: PreferencePairs, path: pairs.parquet, seq_len: 64}}
-      - {name: grpo, steps: 20, beta: 0.01, reward: my_rewards:exact, groups: 4,
+      - {name: grpo, steps: 20, beta: 0.01, reward: math, groups: 4,
          max_new_tokens: 16, sample: 40,
-         data: {type: Prompts, path: prompts.jsonl, max_prompt_len: 48}}
+         data: {type: Prompts, path: prompts.jsonl, tokenizer: tok, max_prompt_len: 48}}
 
 ``model``, ``optimizer`` and ``schedule`` are read by ``dew.recipes.builder``; a stage may
 give its own ``optimizer`` and ``schedule`` keys, merged over the top-level ones, and each
 stage's schedule spans that stage's steps. ``data.type`` names the dataset class; its other
 keys are that class's keyword arguments (``records`` may be a list of JSON objects).
-``reward`` is ``module:function``, imported with the config's directory on ``sys.path``.
+``reward`` is ``math`` (``dew.rewards.MathReward``) or ``module:object``, imported with the
+config's directory on ``sys.path``; a class is made with ``reward_args`` as keyword arguments
+(``dew.recipes.references.make_reward``, as ``dew train`` does). When a GRPO stage's prompts
+name a ``tokenizer``, its reward receives the completions decoded to text.
 
 The whole config is checked before any stage trains: every key (an unknown one is refused
 naming the nearest valid key), every value, every local file, every reward import and every
@@ -42,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from dew.checks import is_int
-from dew.recipes.references import load_reward, local_path
+from dew.recipes.references import load_reward, local_path, make_reward
 from dew.recipes.schema import (
     ConfigError,
     apply_override,
@@ -105,7 +108,8 @@ def _stage_keys() -> list[str]:
 
     from dew.recipes.chain import Stage
 
-    return [f.name for f in dataclasses.fields(Stage)] + ["optimizer", "schedule"]
+    fields = [f.name for f in dataclasses.fields(Stage) if f.name != "decode"]
+    return fields + ["reward_args", "optimizer", "schedule"]
 
 
 def _loss_hints() -> dict[str, Any]:
@@ -214,30 +218,38 @@ def _stage(
         _merge(config.get("schedule"), spec.pop("schedule", None), f"{where}.schedule"),
         f"{where}.schedule",
     )
-    data = _dataset(spec.pop("data", None), base, f"{where}.data")
+    data_spec = spec.pop("data", None)
+    data = _dataset(data_spec, base, f"{where}.data")
     for key, tp in _loss_hints().items():  # typed as dew train grpo's objective keys
         if key in spec:
             spec[key] = check_value(spec[key], tp, f"{where}.{key}")
-    reward = _reward(spec.pop("reward", None), where)
+    reward, reward_args = spec.pop("reward", None), spec.pop("reward_args", None)
+    if reward is not None:
+        reward = make_reward(reward, f"{where}.reward", reward_args)
+    elif reward_args is not None:
+        raise ConfigError(f"{where}.reward_args: given without a reward")
+    decode = _decoder(data, data_spec, base, f"{where}.data") if reward is not None else None
     try:
-        stage = Stage(data=data, reward=reward, **spec)
+        stage = Stage(data=data, reward=reward, decode=decode, **spec)
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}") from None
     return stage, build_optimizer(opt, sched, steps=stage.steps)
 
 
-def _reward(reward: Any, where: str) -> Any:
-    """A stage's ``reward`` imported from ``module:function``; a class is made with no arguments."""
-    if reward is not None:
-        reward = load_reward(reward, f"{where}.reward")
-        if inspect.isclass(reward):  # a class is made with no arguments, as dew train does
-            try:
-                reward = reward()
-            except Exception as err:
-                raise ConfigError(
-                    f"{where}.reward: {reward.__name__}() failed ({_short(err)})"
-                ) from None
-    return reward
+def _decoder(data: Any, spec: Any, base: Path, where: str) -> Any:
+    """The text of sampled ids for a GRPO stage's reward: the ``decode`` of the tokenizer its
+    prompts were given (``data.tokenizer``), or None without one (the reward then reads the
+    ids as text, separated by spaces)."""
+    tokenizer = getattr(data, "tokenizer", None)
+    if tokenizer is None and isinstance(spec, Mapping) and spec.get("tokenizer") is not None:
+        from dew.data.prompts import resolve_tokenizer
+
+        path = local_path(spec["tokenizer"], base, f"{where}.tokenizer")
+        try:
+            tokenizer = resolve_tokenizer(path)
+        except (OSError, TypeError, ValueError) as err:
+            raise ConfigError(f"{where}.tokenizer: {err}") from None
+    return None if tokenizer is None else tokenizer.decode
 
 
 EXAMPLE = """example:

@@ -1,13 +1,19 @@
-"""What a recipe config points at: local files (``local_path``) and rewards (``load_reward``).
+"""What a recipe config points at: local files (``local_path``) and rewards (``load_reward``,
+``make_reward``).
 
 Shared by ``dew chain`` (``dew.recipes.cli``) and ``dew train`` (``dew.recipes.train`` and
-``dew.recipes.train_config``), so both read paths and ``module:function`` rewards the same way.
+``dew.recipes.train_config``), so both read paths and rewards the same way. A reward is named
+by a short name Dew ships (``REWARD_NAMES``: ``math``) or as ``module:object``; an object that
+is a class is instantiated with the config's ``reward_args`` (keyword arguments, none by
+default), a function is used as it is.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +48,18 @@ def local_path(value: Any, base: Path, where: str) -> Any:
     return value
 
 
+#: Rewards a config may name by a word instead of ``module:object``.
+REWARD_NAMES = {"math": "dew.rewards:MathReward"}
+
+
 def load_reward(spec: Any, where: str) -> Any:
-    """The callable ``module:function`` names (refused with the reason when it cannot load)."""
+    """What ``spec`` names, a class or a function, not yet instantiated: a name of
+    ``REWARD_NAMES`` or ``module:object`` (refused with the reason when it cannot load)."""
+    if isinstance(spec, str) and spec in REWARD_NAMES:
+        spec = REWARD_NAMES[spec]
     if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(f"{where}: expected 'module:function', got {spec!r}")
+        names = ", ".join(repr(n) for n in REWARD_NAMES)
+        raise ConfigError(f"{where}: expected {names} or 'module:object', got {spec!r}")
     module, name = spec.split(":", 1)
     try:
         fn = getattr(importlib.import_module(module), name)
@@ -58,4 +72,36 @@ def load_reward(spec: Any, where: str) -> Any:
     return fn
 
 
-__all__ = ["load_reward", "local_path"]
+def make_reward(spec: Any, where: str, args: Any = None) -> Callable[..., float]:
+    """The reward ``spec`` names, ready to call as ``reward(data_source, completion,
+    ground_truth, extra_info)``.
+
+    A class is instantiated with ``args`` as keyword arguments (a mapping with string keys;
+    None: no arguments); a function is returned as it is and takes no ``args``. Every failure
+    is a ``ConfigError`` naming ``where`` (or ``where`` + ``_args`` for the arguments): a name
+    that does not load, arguments that are no mapping or given to a function, a constructor
+    that raises (its exception type and message), an instance that is not callable.
+    """
+    obj = load_reward(spec, where)
+    args_where = f"{where}_args"
+    if args is not None and (
+        not isinstance(args, Mapping) or not all(isinstance(k, str) for k in args)
+    ):
+        raise ConfigError(f"{args_where}: expected a mapping of keyword arguments, got {args!r}")
+    if not inspect.isclass(obj):
+        if args:
+            raise ConfigError(f"{args_where}: {spec!r} is a function, only a class takes arguments")
+        return obj  # type: ignore[no-any-return]
+    kwargs = dict(args or {})
+    try:
+        reward = obj(**kwargs)
+    except Exception as err:
+        shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise ConfigError(f"{where}: {obj.__name__}({shown}) failed ({reason})") from None
+    if not callable(reward):
+        raise ConfigError(f"{where}: an instance of {obj.__name__} is not callable")
+    return reward  # type: ignore[no-any-return]
+
+
+__all__ = ["REWARD_NAMES", "load_reward", "local_path", "make_reward"]

@@ -22,7 +22,7 @@ from typing import Any
 
 from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
-from dew.recipes.references import load_reward
+from dew.recipes.references import load_reward, make_reward
 from dew.recipes.schema import ConfigError
 from dew.recipes.stages import build_stage
 from dew.recipes.train_config import TrainConfig
@@ -165,21 +165,18 @@ def _vocab(config: TrainConfig, reader: Any, largest: int) -> int:
     return vocab
 
 
-def _reward_object(spec: str) -> Any:
-    """What ``module:name`` names (a class or a function), not yet instantiated."""
+def _on_path() -> None:
+    """The working directory on ``sys.path``: ``--reward my_rewards:f`` finds ./my_rewards.py."""
     import sys
 
-    if os.getcwd() not in sys.path:  # ``--reward my_rewards:f`` finds ./my_rewards.py
+    if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _reward_object(spec: str) -> Any:
+    """What ``objective.reward`` names (a class or a function), not yet instantiated."""
+    _on_path()
     return load_reward(spec, "objective.reward")
-
-
-def _reward(spec: str) -> Callable[..., float]:
-    import inspect
-
-    fn = _reward_object(spec)
-    reward: Callable[..., float] = fn() if inspect.isclass(fn) else fn  # type: ignore[assignment]
-    return reward
 
 
 def prepare(config: TrainConfig) -> Prepared:
@@ -200,13 +197,20 @@ def prepare(config: TrainConfig) -> Prepared:
     model, pretrained = build_model(
         config.model, vocab_size=vocab, max_seq_len=room, length_from=why
     )
-    options = {k: v for k, v in dataclasses.asdict(config.objective).items() if k != "reward"}
+    options = {
+        k: v
+        for k, v in dataclasses.asdict(config.objective).items()
+        if k not in ("reward", "reward_args")
+    }
     if config.kind == "lm":
         options.pop("all_tokens")
     reward: Callable[..., float] | None = None
     decode: Callable[[Any], str] | None = None
     if config.kind == "grpo":
-        reward = _reward(config.objective.reward)
+        _on_path()
+        reward = make_reward(
+            config.objective.reward, "objective.reward", config.objective.reward_args
+        )
         if config.data.tokenizer is not None:
             from dew.data.chat.template import load_chat_tokenizer
 

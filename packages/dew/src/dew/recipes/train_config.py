@@ -173,13 +173,14 @@ class DPOObjectiveConfig:
 
 @dataclasses.dataclass(frozen=True)
 class GRPOObjectiveConfig(GRPOLoss):
-    """The rollout and loss of GRPO: ``reward`` is ``module:function`` (or a class, made with
-    no arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
+    """The rollout and loss of GRPO: ``reward`` is ``math`` or ``module:object`` (a class is
+    made with ``reward_args`` as keyword arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
     the advantage estimator (``group``, ``mean`` or ``rloo``); the loss keys (``policy_loss``,
     ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
     ``sequence_mask``, ``geometric_mask``) are ``dew.recipes.stages.GRPOLoss``'s."""
 
-    reward: str = "dew.rewards:MathReward"
+    reward: str = "math"
+    reward_args: Any = None
     groups: int = 4
     max_new_tokens: int = 16
     beta: float = 0.0
