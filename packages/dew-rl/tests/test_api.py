@@ -41,17 +41,28 @@ EXTRA_NAMES = {
     "sequence_rejection_mask",
     "ragged_group_advantage",
     "policy_loss",
+    "group_sums",
+}
+#: The registry's functions: they take and return names and functions, not arrays.
+REGISTRY_NAMES = {
+    "registered",
+    "register_policy_loss",
+    "get_policy_loss",
+    "register_advantage_estimator",
+    "get_advantage_estimator",
+    "register_aggregation",
+    "get_aggregation",
 }
 RNG = np.random.default_rng(1)
 
 
 def test_all_lists_every_function_and_group_eps() -> None:
-    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | {"GROUP_EPS"}
+    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES | {"GROUP_EPS"}
     for name in rl.__all__:
         assert getattr(rl, name) is not None
 
 
-@pytest.mark.parametrize("name", sorted(SPEC_NAMES | EXTRA_NAMES))
+@pytest.mark.parametrize("name", sorted(SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES))
 def test_docstring_names_its_reference_and_revision(name: str) -> None:
     doc = inspect.getdoc(getattr(rl, name)) or ""
     assert "verl 0.9.1" in doc or "TRL 1.16.0" in doc, name
@@ -108,6 +119,7 @@ def _calls(dtype):
             r, jnp.asarray([3, 1, 3, 3]), jnp.asarray([1, 1, 1, 0])
         ),
         "segment_mean": lambda: rl.segment_mean(a, m, seg),
+        "group_sums": lambda: rl.group_sums(a, m, seg),
         "sequence_log_ratio": lambda: rl.sequence_log_ratio(a, b, m, seg),
         "sequence_mean": lambda: rl.sequence_mean(a, m, seg),
         "sequence_rejection_mask": lambda: rl.sequence_rejection_mask(a, b, m, 0.5, 2.0, True),

@@ -19,6 +19,8 @@ import dew.rl as rl
 FUNCTIONS = sorted(name for name in rl.__all__ if callable(getattr(rl, name)))
 SOURCES = pathlib.Path(rl.__file__).parent
 FOUNDATIONS = {"dew.rl._checks", "dew.rl._masking"}
+#: Composition layers like ``__init__``: they import themes, and no theme imports them.
+COMPOSITIONS = {"dew.rl._registry", "dew.rl._builtins"}
 
 
 def test_every_public_name_but_the_constant_is_a_function() -> None:
@@ -70,7 +72,7 @@ def test_themes_import_only_the_two_foundations() -> None:
     themes = [
         p
         for p in SOURCES.glob("_*.py")
-        if p.name != "__init__.py" and f"dew.rl.{p.stem}" not in FOUNDATIONS
+        if p.name != "__init__.py" and f"dew.rl.{p.stem}" not in FOUNDATIONS | COMPOSITIONS
     ]
     assert len(themes) >= 8
     for path in themes:
@@ -78,6 +80,11 @@ def test_themes_import_only_the_two_foundations() -> None:
     for name in FOUNDATIONS:
         path = SOURCES / f"{name.rpartition('.')[2]}.py"
         assert _dew_rl_imports(path) == set(), path.name
+    for name in COMPOSITIONS:
+        path = SOURCES / f"{name.rpartition('.')[2]}.py"
+        imported = _dew_rl_imports(path)
+        assert "dew.rl" not in imported, path.name  # never the package: no import cycle
+        assert imported <= {f"dew.rl.{p.stem}" for p in SOURCES.glob("_*.py")}, path.name
 
 
 #: Where each public name is defined: one purpose per private module (``__init__``'s layout).
@@ -97,6 +104,7 @@ LAYOUT = {
         "sequence_sum_mean",
         "sequence_sum_norm",
         "segment_mean",
+        "group_sums",
     },
     "dew.rl._corrections": {
         "behavior_importance_weights",
@@ -106,6 +114,15 @@ LAYOUT = {
     },
     "dew.rl._preference": {"preference_logsigmoid"},
     "dew.rl._policy_loss": {"policy_loss"},
+    "dew.rl._registry": {
+        "registered",
+        "register_policy_loss",
+        "get_policy_loss",
+        "register_advantage_estimator",
+        "get_advantage_estimator",
+        "register_aggregation",
+        "get_aggregation",
+    },
 }
 
 

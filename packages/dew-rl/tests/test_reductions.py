@@ -162,3 +162,31 @@ def test_half_precision_division_rounds_once() -> None:
     rounded_count = total / jnp.asarray(257, jnp.bfloat16)
     assert expected != rounded_count
     assert rl.token_mean(x, mask) == expected
+
+
+def test_group_sums_match_a_per_id_loop_wherever_members_sit() -> None:
+    ids = RNG.integers(-3, 4, size=X.shape)
+    x = np.where(MASK, X, np.nan)  # dropped positions hold nan
+    sums, counts = rl.group_sums(jnp.asarray(x), jnp.asarray(MASK), jnp.asarray(ids))
+    kept_ids = sorted(set(ids[MASK].tolist()))
+    first = 1 if (~MASK).any() else 0  # one empty slot for the dropped positions
+    assert float(sums[0]) == 0.0 and int(counts[0]) == 0
+    for slot, group in enumerate(kept_ids, start=first):
+        members = MASK & (ids == group)
+        assert int(counts[slot]) == members.sum()
+        assert float(sums[slot]) == pytest.approx(X[members].sum(), rel=1e-12)
+    assert not np.asarray(counts[first + len(kept_ids) :]).any()
+    assert not np.asarray(sums[first + len(kept_ids) :]).any()
+
+
+def test_group_sums_jit_and_differentiate_like_a_masked_sum() -> None:
+    ids = jnp.asarray(np.tile([[2, 1, 2, 1, 3, 3]], (4, 1)))
+    grad = jax.grad(lambda x: jax.jit(rl.group_sums)(x, jnp.asarray(MASK), ids)[0][1])(
+        jnp.asarray(X)
+    )
+    np.testing.assert_array_equal(np.asarray(grad), MASK & (np.asarray(ids) == 1))
+
+
+def test_group_sums_refuse_floating_ids() -> None:
+    with pytest.raises(TypeError, match="group_ids: expected integer"):
+        rl.group_sums(jnp.asarray(X), jnp.asarray(MASK), jnp.zeros(X.shape))

@@ -10,6 +10,7 @@ keeps a position; ``segments`` are integer chain ids of packed rows, 0 = padding
 Signatures of the functions beyond the core GRPO/PPO/DPO set::
 
     segment_mean(x, mask, segments) -> [B, T]
+    group_sums(x, mask, group_ids) -> ([B * T], [B * T])         # per-id sums and counts
     sequence_mean(x, mask, segments=None) -> scalar              # seq-mean-token-mean
     sequence_sum_mean(x, mask, segments=None) -> scalar          # seq-mean-token-sum
     sequence_sum_norm(x, mask, norm=None, segments=None) -> scalar  # ...-token-sum-norm
@@ -29,6 +30,10 @@ Signatures of the functions beyond the core GRPO/PPO/DPO set::
                             mean=False, segments=None) -> [B, T]
     ragged_group_advantage(rewards, group_ids, mask=None, estimator="group",
                            eps=GROUP_EPS) -> [B]
+    register_policy_loss(name), register_advantage_estimator(name),
+    register_aggregation(name) -> decorator
+    get_policy_loss(name), get_advantage_estimator(name), get_aggregation(name) -> function
+    registered(kind) -> tuple of names   # kind: "policy_loss", "estimator", "aggregation"
 
 GSPO is a composition, not a function::
 
@@ -49,14 +54,19 @@ here; import them from ``dew.rl``, never from the modules::
                   gradient: GRPO/PPO's actor loss at one pass over [B, T])
     _entropy      token_entropy
     _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
-                  sequence_sum_norm, segment_mean
+                  sequence_sum_norm, segment_mean, group_sums
     _corrections  behavior_importance_weights, icepop_weights, token_rejection_mask,
                   sequence_rejection_mask
     _preference   preference_logsigmoid
+    _registry     registered, register_policy_loss, get_policy_loss,
+                  register_advantage_estimator, get_advantage_estimator,
+                  register_aggregation, get_aggregation (entries picked by name; the
+                  built-in ones, adapters of the functions above, live in _builtins)
 
 A themed module imports only the two foundations, ``_checks`` (argument checks) and
 ``_masking`` (mask, dtype, count and chain arithmetic, and the few reductions two themes
-share), never another theme. Every public function's docstring ends with a runnable
+share), never another theme. ``_registry`` and ``_builtins`` are no themes but composition
+layers, like this module: they import from the themes, and no theme imports them. Every public function's docstring ends with a runnable
 ``Examples:`` block and a ``References:`` block naming the paper and the reference code
 (file and function) it follows.
 """
@@ -77,12 +87,22 @@ from dew.rl._policy_loss import policy_loss
 from dew.rl._preference import preference_logsigmoid
 from dew.rl._ratios import sequence_log_ratio, token_log_ratio
 from dew.rl._reductions import (
+    group_sums,
     masked_mean,
     segment_mean,
     sequence_mean,
     sequence_sum_mean,
     sequence_sum_norm,
     token_mean,
+)
+from dew.rl._registry import (
+    get_advantage_estimator,
+    get_aggregation,
+    get_policy_loss,
+    register_advantage_estimator,
+    register_aggregation,
+    register_policy_loss,
+    registered,
 )
 from dew.rl._value_loss import clipped_value_loss_terms
 
@@ -94,7 +114,11 @@ __all__ = [
     "clipped_surrogate_terms",
     "clipped_value_loss_terms",
     "gae",
+    "get_advantage_estimator",
+    "get_aggregation",
+    "get_policy_loss",
     "group_advantage",
+    "group_sums",
     "icepop_weights",
     "k1_kl",
     "k2_kl",
@@ -104,6 +128,10 @@ __all__ = [
     "policy_loss",
     "preference_logsigmoid",
     "ragged_group_advantage",
+    "register_advantage_estimator",
+    "register_aggregation",
+    "register_policy_loss",
+    "registered",
     "rloo_advantage",
     "segment_mean",
     "sequence_log_ratio",

@@ -280,3 +280,57 @@ def segment_mean(x: jax.Array, mask: jax.Array, segments: jax.Array) -> jax.Arra
     require_same_shape("mask", mask, "x", x)
     require_segments(segments, "x", x)
     return pooled_mean(x, keep_of(mask), segments)
+
+
+def group_sums(x: jax.Array, mask: jax.Array, group_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Sum of ``x`` and number of kept positions per group id, wherever the members sit.
+
+    A group is the set of kept positions that share an integer id, as in
+    :func:`ragged_group_advantage`: unlike a chain of :func:`segment_mean` its members need
+    not be adjacent, nor in one row (a session split over several packed rows, say). The
+    ids are ranked inside the function, so it jits with every argument traced and any
+    integers serve as ids.
+
+    Args:
+      x: floating values of any shape, e.g. ``[B, T]``.
+      mask: same shape as ``x``; non-zero keeps a position.
+      group_ids: same shape as ``x``, integer group of each position.
+
+    Returns:
+      ``(sums, counts)``, each ``[x.size]``: one slot per group in ascending id order,
+      preceded by one empty slot when the mask drops any position, and empty slots (sum
+      and count 0) after them. ``sums`` is in ``x``'s dtype and adds the kept values of
+      a group in position order; ``counts`` is int32. A position outside the mask reaches
+      neither, nan included. Divide the two where ``counts > 0`` for per-group means.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import dew.rl as rl
+      >>> x = jnp.array([[1.0, 2.0, 4.0], [8.0, 16.0, jnp.nan]])
+      >>> mask = jnp.array([[1, 1, 1], [1, 1, 0]])  # the nan is padding
+      >>> group_ids = jnp.array([[5, 3, 5], [3, 3, 5]])  # group 3 spans both rows
+      >>> sums, counts = rl.group_sums(x, mask, group_ids)
+      >>> print(sums[:3], counts[:3])  # the dropped position's slot, then groups 3 and 5
+      [ 0. 26.  5.] [0 3 2]
+
+    References:
+      verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``agg_loss``
+      (``"seq-mean-token-mean"``, whose sequences this generalises to groups by id).
+    """
+    require_float("x", x)
+    require_same_shape("mask", mask, "x", x)
+    require_same_shape("group_ids", group_ids, "x", x)
+    if not jnp.issubdtype(jnp.result_type(group_ids), jnp.integer):
+        raise TypeError(
+            f"group_ids: expected integer group ids, got dtype {jnp.result_type(group_ids)}"
+        )
+    keep = keep_of(mask)
+    ids = jnp.asarray(group_ids)
+    # Dropped positions share one id below every real one; they add nothing to its slot.
+    dropped = jnp.asarray(jnp.iinfo(ids.dtype).min, ids.dtype)
+    flat = jnp.where(keep, ids, dropped).reshape(-1)
+    _, slot = jnp.unique(flat, size=flat.size, fill_value=dropped, return_inverse=True)
+    slot = slot.reshape(-1)
+    sums = jax.ops.segment_sum(select(x, keep).reshape(-1), slot, num_segments=flat.size)
+    counts = jax.ops.segment_sum(keep.reshape(-1).astype(jnp.int32), slot, num_segments=flat.size)
+    return sums, counts
