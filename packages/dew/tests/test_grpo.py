@@ -263,3 +263,31 @@ def test_garbage_outside_the_response_never_reaches_loss_or_gradient(batch, opti
     assert np.isfinite(float(l2)) and float(l1) == float(l2)
     np.testing.assert_array_equal(np.asarray(g1), np.asarray(g2))
     assert np.all(np.asarray(g2)[outside] == 0)
+
+
+def test_objective_uses_a_policy_loss_and_aggregation_registered_by_name(model, variables, batch):
+    import dew.rl as rl
+
+    @rl.register_policy_loss("test-grpo-reinforce")
+    def reinforce(log_probs, old_log_probs, advantages, mask, **unused):
+        return jnp.where(mask, -advantages * log_probs, 0.0), {"pg_clipfrac": jnp.float32(0.25)}
+
+    @rl.register_aggregation("test-grpo-sum")
+    def plain_sum(x, mask, group_ids=None):
+        return jnp.sum(jnp.where(mask, x, 0.0)), jnp.ones((), x.dtype)
+
+    objective = GRPOObjective(
+        model, seq_len=W - 1, policy_loss="test-grpo-reinforce", aggregation="test-grpo-sum"
+    )
+    loss_sum, weight, metrics = objective.loss(variables, batch, jax.random.key(0))
+    log_probs = np.asarray(objective.packed_log_probs(variables, batch))
+    keep = np.asarray(batch["response_mask"]) > 0
+    want = np.sum(np.where(keep, -np.asarray(batch["advantages"]) * log_probs, 0.0))
+    np.testing.assert_allclose(float(loss_sum), want, rtol=1e-5)
+    assert float(weight) == 1.0
+    assert float(metrics["policy/clip_fraction"]) == 0.25
+    assert float(metrics["policy/ppo_kl"]) == 0.0  # the loss reports none
+    ppo_sum, _, _ = GRPOObjective(model, seq_len=W - 1).loss(variables, batch, jax.random.key(0))
+    assert not np.isclose(float(ppo_sum), want)  # the default would not give this number
+    with pytest.raises(ValueError, match=r"policy_loss: expected one of \(.*'test-grpo-reinforce'"):
+        GRPOObjective(model, seq_len=W - 1, policy_loss="reinforce")

@@ -27,7 +27,12 @@ Metrics = dict[str, jax.Array]
 
 
 def fused_applies(options: PolicyLossOptions, weights: jax.Array | None) -> bool:
-    """True when ``dew.rl.policy_loss`` computes this loss: PPO, token mean, no weights."""
+    """True when ``dew.rl.policy_loss`` computes this loss: PPO, token mean, no weights.
+
+    The one place that compares loss names: ``"ppo"`` and ``"token-mean"`` are built-in
+    registry entries, which no registration can replace, so the names pin the functions the
+    fused loss stands in for.
+    """
     return options.policy_loss == "ppo" and options.aggregation == "token-mean" and weights is None
 
 

@@ -37,9 +37,6 @@ import jax.numpy as jnp
 from dew.checks import is_int
 from dew.objectives.base import initial_variables, validate_pretrained
 from dew.objectives.rl.policy_loss import (
-    AGGREGATIONS,
-    POLICY_LOSSES,
-    SESSION_EPS,
     PolicyLossOptions,
     policy_loss_from_log_probs,
     scored_policy_loss,
@@ -72,9 +69,11 @@ class GRPOObjective:
       dual_clip: verl's ``clip_ratio_c`` (> 1) capping negative-advantage tokens; None
         disables it. GSPO never dual-clips.
       policy_loss: ``"ppo"`` (dual-clipped token surrogate, verl ``compute_policy_loss_vanilla``),
-        ``"gspo"`` (sequence ratio pooled per chain, ``compute_policy_loss_gspo``) or
-        ``"cispo"`` (``-sg(clip(r)) * A * log pi``, ``compute_policy_loss_cispo``).
-      aggregation: ``"token-mean"`` or ``"session-mean"``.
+        ``"gspo"`` (sequence ratio pooled per chain, ``compute_policy_loss_gspo``),
+        ``"cispo"`` (``-sg(clip(r)) * A * log pi``, ``compute_policy_loss_cispo``), or a
+        name registered with ``dew.rl.register_policy_loss``.
+      aggregation: ``"token-mean"``, ``"session-mean"`` or a name registered with
+        ``dew.rl.register_aggregation``.
       behavior_importance: None; a cap ``c`` (token TIS weight ``min(pi_old / mu, c)``); or
         ``(low, high)`` (IcePop: weight zero outside the band; in bypass mode the band masks).
       sequence_mask: ``(low, high)``: drop a chain whose summed k1 ``log(mu / pi_old)``
@@ -230,10 +229,7 @@ class GRPOObjective:
 
 
 __all__ = [
-    "AGGREGATIONS",
     "GRPOObjective",
-    "POLICY_LOSSES",
-    "SESSION_EPS",
     "packed_log_probs",
     "policy_loss_from_log_probs",
 ]

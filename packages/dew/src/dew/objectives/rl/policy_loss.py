@@ -7,9 +7,11 @@ batch (``[B, W]`` columns as ``dew.sessions.pack`` writes them):
    *proximal*, by mode (below).
 2. ``correct``: the rollout correction. It shrinks the kept mask (bands, sequence masks),
    may weight tokens (TIS cap, IcePop band) and reports the mismatch metrics.
-3. ``surrogate``: the per-token policy terms of ``"ppo"``, ``"gspo"`` or ``"cispo"``, then the
-   k3 KL to the reference when ``beta > 0``.
-4. ``aggregate``: ``"token-mean"`` or ``"session-mean"`` into ``(loss_sum, weight)``.
+3. ``surrogate``: the per-token policy terms of the loss ``options.policy_loss`` names in
+   ``dew.rl``'s registry (``"ppo"``, ``"gspo"``, ``"cispo"`` or one registered with
+   ``dew.rl.register_policy_loss``), then the k3 KL to the reference when ``beta > 0``.
+4. ``aggregate``: the registered aggregation ``options.aggregation`` names (``"token-mean"``,
+   ``"session-mean"``, ...) into ``(loss_sum, weight)``.
 
 For ``"ppo"`` with ``"token-mean"`` and no token weights, steps 3 and 4 are one call of
 ``dew.rl.policy_loss`` (``_fused_policy``): the same loss, metrics and gradient to float
@@ -49,22 +51,15 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.rl._fused_policy import fused_applies, fused_token_mean
-from dew.objectives.rl.policy_options import (
-    AGGREGATIONS,
-    POLICY_LOSSES,
-    SESSION_EPS,
-    PolicyLossOptions,
-)
+from dew.objectives.rl.policy_options import PolicyLossOptions
 from dew.rl import (
     behavior_importance_weights,
-    cispo_terms,
-    clipped_surrogate_terms,
+    get_aggregation,
+    get_policy_loss,
     icepop_weights,
     k3_kl,
     masked_mean,
-    sequence_log_ratio,
     sequence_rejection_mask,
-    token_log_ratio,
     token_rejection_mask,
 )
 
@@ -183,25 +178,27 @@ def surrogate(
     ref_log_probs: jax.Array | None,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
     """Step 3: ``(policy terms, per-token loss with the KL, metrics)``, both ``[B, W]``."""
-    old, advantages = inputs.old, inputs.advantages
-    low, high = options.epsilon_low, options.epsilon_high
-    if options.policy_loss == "ppo":
-        log_ratio = token_log_ratio(log_probs, old)
-        terms, pg = clipped_surrogate_terms(
-            log_ratio, advantages, keep, low, high, options.dual_clip
-        )
-    elif options.policy_loss == "gspo":
-        log_ratio = sequence_log_ratio(log_probs, old, keep, inputs.segments)
-        terms, pg = clipped_surrogate_terms(log_ratio, advantages, keep, low, high, None)
-        pg = {**pg, "ppo_kl": masked_mean(-(log_probs - old), keep)}
-    else:
-        terms, pg = cispo_terms(log_probs, old, advantages, keep, low, high)
+    advantages = inputs.advantages
+    terms, pg = get_policy_loss(options.policy_loss)(
+        log_probs,
+        inputs.old,
+        advantages,
+        keep,
+        segments=inputs.segments,
+        epsilon_low=options.epsilon_low,
+        epsilon_high=options.epsilon_high,
+        dual_clip=options.dual_clip,
+    )
     if weights is not None:
         terms = terms * weights
+    zero = jnp.zeros((), jnp.float32)  # what a loss without the metric reports
     metrics: Metrics = {
-        "policy/clip_fraction": pg["pg_clipfrac"],
-        "policy/clip_fraction_lower": pg.get("pg_clipfrac_lower", jnp.zeros((), jnp.float32)),
-        "policy/ppo_kl": pg["ppo_kl"],
+        f"policy/{name}": pg.get(key, zero)
+        for name, key in (
+            ("clip_fraction", "pg_clipfrac"),
+            ("clip_fraction_lower", "pg_clipfrac_lower"),
+            ("ppo_kl", "ppo_kl"),
+        )
     }
     per_token = jnp.where(keep, terms, 0.0)
     metrics["policy/advantage"] = masked_mean(advantages, keep)
@@ -216,20 +213,6 @@ def surrogate(
     return terms, per_token, metrics
 
 
-def _session_totals(
-    values: jax.Array, keep: jax.Array, session_index: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Per-session sum of ``values`` over ``keep`` and kept count, over dense session slots."""
-    flat = jnp.where(keep, session_index, -1).reshape(-1)
-    _, dense = jnp.unique(flat, size=flat.size, fill_value=-1, return_inverse=True)
-    dense = dense.reshape(-1)
-    totals = jax.ops.segment_sum(
-        jnp.where(keep, values, 0.0).reshape(-1), dense, num_segments=flat.size
-    )
-    counts = jax.ops.segment_sum(keep.reshape(-1).astype(jnp.int32), dense, num_segments=flat.size)
-    return totals, counts
-
-
 def aggregate(
     terms: jax.Array,
     per_token: jax.Array,
@@ -238,22 +221,19 @@ def aggregate(
     options: PolicyLossOptions,
     dtype: Any,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
-    """Step 4: ``(loss_sum, weight, {"policy/loss", "tokens"})`` under the aggregation."""
-    if options.aggregation == "token-mean":
-        loss_sum = jnp.sum(per_token)
-        weight = jnp.sum(keep).astype(dtype)
-        policy = jnp.sum(jnp.where(keep, terms, 0.0)) / jnp.maximum(weight, 1)
-    else:
-        session_index = _field(batch, "session_index", per_token).astype(jnp.int32)
-        eps = jnp.asarray(SESSION_EPS, dtype)
-        totals, counts = _session_totals(per_token, keep, session_index)
-        present = counts > 0
-        means = totals / (counts.astype(dtype) + eps)
-        loss_sum = jnp.sum(jnp.where(present, means, 0.0))
-        weight = jnp.sum(present).astype(dtype)
-        pg_totals, _ = _session_totals(terms, keep, session_index)
-        pg_means = pg_totals / (counts.astype(dtype) + eps)
-        policy = jnp.sum(jnp.where(present, pg_means, 0.0)) / jnp.maximum(weight, 1)
+    """Step 4: ``(loss_sum, weight, {"policy/loss", "tokens"})`` under the aggregation.
+
+    The registered aggregation gives ``(loss_sum, weight)`` of ``per_token`` over ``keep``,
+    with the batch's ``session_index`` as its group ids when the batch has it (the
+    ``"session-mean"`` sessions); ``policy/loss`` is its ``total / weight`` of the policy terms.
+    """
+    aggregation = get_aggregation(options.aggregation)
+    sessions = None
+    if "session_index" in batch:
+        sessions = _field(batch, "session_index", per_token).astype(jnp.int32)
+    loss_sum, weight = aggregation(per_token.astype(dtype), keep, sessions)
+    pg_total, pg_weight = aggregation(jnp.where(keep, terms, 0.0).astype(dtype), keep, sessions)
+    policy = pg_total / jnp.maximum(pg_weight, 1)
     metrics = {"policy/loss": policy, "tokens": jnp.sum(keep).astype(jnp.float32)}
     return loss_sum, weight, metrics
 
@@ -382,9 +362,6 @@ def mismatch_metrics(
 
 
 __all__ = [
-    "AGGREGATIONS",
-    "POLICY_LOSSES",
-    "SESSION_EPS",
     "PolicyLossOptions",
     "aggregate",
     "correct",

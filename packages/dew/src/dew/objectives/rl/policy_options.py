@@ -1,4 +1,10 @@
-"""The static options of GRPO's policy loss, checked once when they are built."""
+"""The static options of GRPO's policy loss, checked once when they are built.
+
+``policy_loss`` and ``aggregation`` name entries of ``dew.rl``'s registries
+(``dew.rl.registered("policy_loss")``, ``dew.rl.registered("aggregation")``): the built-in
+ones or any registered with ``dew.rl.register_policy_loss`` / ``register_aggregation``
+before the options are built.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-POLICY_LOSSES = ("ppo", "gspo", "cispo")
-AGGREGATIONS = ("token-mean", "session-mean")
-SESSION_EPS = 1e-8  # verl's per-sequence ``count + 1e-8`` in seq-mean-token-mean
+import dew.rl as rl
 
 
 def _band(value: Any, field: str) -> tuple[float, float] | None:
@@ -68,14 +72,8 @@ class PolicyLossOptions:
             raise ValueError(
                 f"dual_clip: expected None or a value above 1.0, got {self.dual_clip!r}"
             )
-        if self.policy_loss not in POLICY_LOSSES:
-            raise ValueError(
-                f"policy_loss: expected one of {POLICY_LOSSES}, got {self.policy_loss!r}"
-            )
-        if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"aggregation: expected one of {AGGREGATIONS}, got {self.aggregation!r}"
-            )
+        rl.get_policy_loss(self.policy_loss)  # a ValueError naming the field when unknown
+        rl.get_aggregation(self.aggregation)
         normal = {
             "beta": beta,
             "epsilon_low": float(self.epsilon_low),
@@ -98,4 +96,4 @@ class PolicyLossOptions:
         )
 
 
-__all__ = ["AGGREGATIONS", "POLICY_LOSSES", "SESSION_EPS", "PolicyLossOptions"]
+__all__ = ["PolicyLossOptions"]
