@@ -118,6 +118,28 @@ def test_group_advantages_follow_verl_conventions():
     assert rloo[4] == 3.0
 
 
+def test_a_registered_estimator_is_used_by_name_when_packing():
+    import jax.numpy as jnp
+
+    import dew.rl as rl
+
+    @rl.register_advantage_estimator("test-sessions-centred-max")
+    def centred_max(rewards, group_ids, mask=None, eps=0.0):
+        kept = jnp.where(mask > 0, rewards, -jnp.inf)
+        best = jnp.max(kept)  # one baseline for the whole batch, whatever the groups
+        return jnp.where(mask > 0, rewards - best, 0.0)
+
+    rewards, keys = [1.0, 0.0, 3.0], ["a", "a", "b"]
+    got = group_advantages(rewards, keys, "test-sessions-centred-max")
+    np.testing.assert_array_equal(got, [-2.0, -3.0, 0.0])
+    sessions = [session([call([1], [2])], reward=r, task=k) for r, k in zip(rewards, keys)]
+    batch = pack(sessions, width=4, estimator="test-sessions-centred-max")
+    kept = batch["response_mask"] > 0
+    np.testing.assert_array_equal(np.asarray(batch["advantages"])[kept], [-2.0, -3.0, 0.0])
+    with pytest.raises(ValueError, match=r"estimator: expected one of \(.*'test-sessions-"):
+        pack(sessions, width=4, estimator="max")
+
+
 def test_groups_are_keyed_by_task_and_group():
     sessions = [
         session([call([1], [2])], reward=1.0, task="t", group=0),

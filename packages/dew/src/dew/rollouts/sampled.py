@@ -36,7 +36,7 @@ from dew.checks import is_int
 from dew.data.prompts import decode_text
 from dew.inference import TextGeneration
 from dew.sampling import Sampling
-from dew.sessions.advantages import ESTIMATORS
+from dew.sessions.advantages import check_estimator
 from dew.sessions.packing import pack
 from dew.sessions.records import Call, Session, Status
 
@@ -63,7 +63,8 @@ class SampledRollout:
       max_new_tokens: response budget R.
       sampling: ``dew.sampling.Sampling`` (temperature, top-k/p, min-p, EOS ids).
       decode: ids -> text for the reward; default: ids separated by spaces.
-      estimator: ``"group"``, ``"mean"`` or ``"rloo"`` (as ``pack`` takes them).
+      estimator: ``"group"``, ``"mean"``, ``"rloo"`` or a registered name (as ``pack`` takes
+        them: ``dew.rl``'s registry of advantage estimators).
       rescore: recompute ``old_log_probs`` with the objective's own forward pass.
     """
 
@@ -88,8 +89,7 @@ class SampledRollout:
             raise ValueError(f"max_new_tokens: expected a positive integer, got {max_new_tokens}")
         if not callable(reward):
             raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
-        if estimator not in ESTIMATORS:
-            raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
+        check_estimator(estimator)
         sampling = Sampling() if sampling is None else sampling
         if not isinstance(sampling, Sampling):
             raise TypeError(f"sampling: expected a dew.sampling.Sampling, got {type(sampling)}")

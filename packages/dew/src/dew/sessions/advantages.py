@@ -1,7 +1,9 @@
 """Group-relative advantages of session rewards, ragged groups allowed (host side).
 
-The arithmetic is ``dew.rl.ragged_group_advantage``, the one implementation of the group
-baselines; this module only turns ``pack``'s hashable group keys into integer ids.
+The arithmetic is the advantage estimator ``estimator`` names in ``dew.rl``'s registry (the
+built-ins ``"group"``, ``"mean"`` and ``"rloo"`` are ``dew.rl.ragged_group_advantage``, the
+one implementation of the group baselines; ``dew.rl.register_advantage_estimator`` adds
+others); this module only turns ``pack``'s hashable group keys into integer ids.
 """
 
 from __future__ import annotations
@@ -17,8 +19,15 @@ import numpy as np
 import dew.rl as rl
 from dew.sessions.records import check_choice
 
-ESTIMATORS = ("group", "mean", "rloo")
+#: The estimator names registered when this module was imported (the built-ins). The checks
+#: ask the registry itself (:func:`check_estimator`), which also knows later registrations.
+ESTIMATORS = rl.registered("estimator")
 GROUP_EPSILON = 1e-6
+
+
+def check_estimator(estimator: str) -> None:
+    """Raise a ValueError naming ``estimator`` unless ``dew.rl``'s registry knows the name."""
+    check_choice(estimator, rl.registered("estimator"), "estimator")
 
 
 def group_advantages(
@@ -33,7 +42,7 @@ def group_advantages(
     padded to a power of two (the padding masked out) so that a few compiled shapes serve
     every batch, and the arithmetic runs in float64 on the CPU.
     """
-    check_choice(estimator, ESTIMATORS, "estimator")
+    check_estimator(estimator)
     values = np.asarray(rewards, dtype=np.float64).reshape(-1)
     if values.size != len(keys):
         raise ValueError(f"keys: expected one key per reward ({values.size}), got {len(keys)}")
@@ -45,13 +54,15 @@ def group_advantages(
     group_ids = np.zeros(size, np.int32)
     group_ids[: values.size] = ids
     kept = np.arange(size) < values.size
-    out = on_host_x64(_ragged_advantage, padded, group_ids, kept, estimator=estimator)
+    out = on_host_x64(_jitted_estimator(estimator), padded, group_ids, kept)
     return out[: values.size]
 
 
-_ragged_advantage = jax.jit(
-    functools.partial(rl.ragged_group_advantage, eps=GROUP_EPSILON), static_argnames="estimator"
-)
+@functools.cache
+def _jitted_estimator(estimator: str) -> Callable[..., jax.Array]:
+    """The registered estimator under ``jax.jit``, with ``eps`` fixed; one per name (a name
+    cannot be registered twice, so the cache cannot go stale)."""
+    return jax.jit(functools.partial(rl.get_advantage_estimator(estimator), eps=GROUP_EPSILON))
 
 
 def on_host_x64(function: Callable[..., jax.Array], *arrays: Any, **static: Any) -> np.ndarray:
@@ -73,4 +84,4 @@ def on_host_x64(function: Callable[..., jax.Array], *arrays: Any, **static: Any)
         return np.asarray(function(*(jnp.asarray(a) for a in arrays), **static))
 
 
-__all__ = ["ESTIMATORS", "GROUP_EPSILON", "group_advantages", "on_host_x64"]
+__all__ = ["ESTIMATORS", "GROUP_EPSILON", "check_estimator", "group_advantages", "on_host_x64"]

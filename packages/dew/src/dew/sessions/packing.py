@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
-from dew.sessions.advantages import ESTIMATORS, group_advantages
+from dew.sessions.advantages import check_estimator, group_advantages
 from dew.sessions.chains import (
     TRUNCATIONS,
     Chain,
@@ -107,14 +107,15 @@ def pack(
       sessions: the sessions of one batch; ``session_index`` refers to positions in it.
       width: row width W (``GRPOObjective.seq_len + 1``).
       rows: fixed row count N; ``None`` uses as many as the chains need. Too few raises.
-      estimator: ``"group"``, ``"mean"`` or ``"rloo"``.
+      estimator: ``"group"``, ``"mean"``, ``"rloo"`` or another name registered with
+        ``dew.rl.register_advantage_estimator``.
       truncation: ``"mask"``, ``"score"`` or ``"zero"`` for TRUNCATED sessions.
       support_capacity: width of ``support_ids``; required when a call recorded a support.
       eos_ids: when given, every packed call is checked: no id after EOS, and a ``"stop"``
         finish reason exactly when the last sampled id is EOS.
     """
     width = _check_width(width)
-    check_choice(estimator, ESTIMATORS, "estimator")
+    check_estimator(estimator)
     check_choice(truncation, TRUNCATIONS, "truncation")
     if rows is not None and (not is_integer(rows) or rows < 1):
         raise ValueError(f"rows: expected None or a positive integer, got {rows!r}")
