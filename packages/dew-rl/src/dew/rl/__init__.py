@@ -51,7 +51,8 @@ here; import them from ``dew.rl``, never from the modules::
     _value_loss   clipped_value_loss_terms
     _kl           k1_kl, k2_kl, k3_kl
     _policy_loss  policy_loss (the token-mean surrogate + k3 KL above, fused with its
-                  gradient: GRPO/PPO's actor loss at one pass over [B, T])
+                  gradient: GRPO/PPO's actor loss at one pass over [B, T], from the
+                  same _token_terms pieces)
     _entropy      token_entropy
     _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
                   sequence_sum_norm, segment_mean, group_sums
@@ -63,9 +64,11 @@ here; import them from ``dew.rl``, never from the modules::
                   register_aggregation, get_aggregation (entries picked by name; the
                   built-in ones, adapters of the functions above, live in _builtins)
 
-A themed module imports only the two foundations, ``_checks`` (argument checks) and
-``_masking`` (mask, dtype, count and chain arithmetic, and the few reductions two themes
-share), never another theme. ``_registry`` and ``_builtins`` are no themes but composition
+A themed module imports only the foundations, ``_checks`` (argument checks), ``_masking``
+(mask, dtype, count and chain arithmetic, and the few reductions two themes share) and
+``_token_terms`` (the elementwise values and derivatives of the clipped surrogate and k3
+that ``_clipped_surrogate``, ``_kl`` and the fused ``_policy_loss`` all evaluate, so the
+fused loss composes them instead of restating them), never another theme. ``_registry`` and ``_builtins`` are no themes but composition
 layers, like this module: they import from the themes, and no theme imports them. Every public function's docstring ends with a runnable
 ``Examples:`` block and a ``References:`` block naming the paper and the reference code
 (file and function) it follows.

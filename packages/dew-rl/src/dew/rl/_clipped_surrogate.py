@@ -3,7 +3,9 @@
 ``clipped_surrogate_terms`` gives ``[B, T]`` terms and verl's clip metrics; with Python-number
 bounds its backward pass is written out (``jax.custom_vjp``) so the exponential of the log
 ratio is recomputed rather than stored. ``clipped_surrogate`` is the token mean of those
-terms. CISPO's surrogate lives in ``_cispo`` and the critic's loss in ``_value_loss``.
+terms. CISPO's surrogate lives in ``_cispo`` and the critic's loss in ``_value_loss``. The
+elementwise pieces (branches, clip, dual clip, the tie shares of the backward pass) come
+from the foundation ``_token_terms``, which the fused ``_policy_loss`` calls too.
 """
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
@@ -22,6 +24,7 @@ from dew.rl._checks import (
     require_same_shape,
 )
 from dew.rl._masking import clamp, exact_mean, keep_of, mean_with_eps, select
+from dew.rl._token_terms import SurrogateParts, SurrogateShares, surrogate_log_ratio_grad
 
 
 def clipped_surrogate(
@@ -163,7 +166,7 @@ def clipped_surrogate_terms(
     keep = keep_of(mask)
     log_ratio = select(log_ratio, keep)
     advantages = select(advantages, keep)
-    parts = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
+    parts = SurrogateParts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
 
     clipfrac = mean_with_eps((parts.clipped > parts.unclipped).astype(jnp.float32), mask)
     if dual_clip is None:
@@ -186,39 +189,6 @@ def clipped_surrogate_terms(
     return terms, metrics
 
 
-class _Parts:
-    """The surrogate's intermediate arrays for masked-in ``log_ratio`` and ``advantages``."""
-
-    def __init__(
-        self,
-        log_ratio: jax.Array,
-        advantages: jax.Array,
-        epsilon_low: float,
-        epsilon_high: float,
-        dual_clip: float | None,
-    ) -> None:
-        self.ratio = jnp.exp(log_ratio)
-        self.low, self.high = 1 - epsilon_low, 1 + epsilon_high
-        self.neg_advantages = -advantages
-        self.unclipped = self.neg_advantages * self.ratio
-        self.clipped = self.neg_advantages * clamp(self.ratio, self.low, self.high)
-        self.larger = jnp.maximum(self.unclipped, self.clipped)
-        self.terms = self.larger
-        self.dual = dual_clip is not None
-        if dual_clip is not None:
-            self.capped = -advantages * jnp.asarray(dual_clip, log_ratio.dtype)
-            self.negative = advantages < 0
-            self.smaller = jnp.minimum(self.capped, self.larger)
-            self.terms = jnp.where(self.negative, self.smaller, self.larger)
-
-
-def _share(x: jax.Array, result: jax.Array, other: jax.Array) -> jax.Array:
-    """The share of ``max``/``min``'s cotangent that reaches ``x``, as jax.lax defines it:
-    1 when ``x`` is the result alone, 1/2 at a tie with ``other``, 0 otherwise."""
-    half_or_one = jnp.where(other == result, 0.5, 1.0).astype(x.dtype)
-    return jnp.where(x == result, half_or_one, jnp.zeros((), x.dtype))
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
 def _terms(
     log_ratio: jax.Array,
@@ -228,7 +198,7 @@ def _terms(
     epsilon_high: float,
     dual_clip: float | None,
 ) -> jax.Array:
-    parts = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
+    parts = SurrogateParts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
     return select(parts.terms, keep)
 
 
@@ -263,28 +233,16 @@ def _terms_backward(
     XLA may contract a multiply-add into one rounding.
     """
     log_ratio, advantages, keep = jax.lax.optimization_barrier(residuals)
-    p = _Parts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
-    zero = jnp.zeros((), cotangent.dtype)
-    # clamp's gradient: blocked only strictly beyond a bound (a nan passes).
-    in_band = ~(p.ratio < p.low) & ~(p.ratio > p.high)
-    to_unclipped = _share(p.unclipped, p.larger, p.clipped)
-    to_clipped = _share(p.clipped, p.larger, p.unclipped)
-    to_capped = zero
-    if p.dual:
-        # The dual clip's min on negative advantages: what reaches max and the cap.
-        to_larger = jnp.where(p.negative, _share(p.larger, p.smaller, p.capped), 1.0)
-        to_capped = jnp.where(p.negative, _share(p.capped, p.smaller, p.larger), zero)
-        to_unclipped *= to_larger
-        to_clipped *= to_larger
-    weight = to_unclipped + jnp.where(in_band, to_clipped, zero)
-    grad_log_ratio = ((cotangent * weight) * p.neg_advantages) * p.ratio
+    p = SurrogateParts(log_ratio, advantages, epsilon_low, epsilon_high, dual_clip)
+    shares = SurrogateShares(p)
+    grad_log_ratio = surrogate_log_ratio_grad(p, shares, cotangent)
     clamped = clamp(p.ratio, p.low, p.high)
     # Each use of -advantages transposes through its own negation, as in autodiff.
-    grad_advantages = -((cotangent * to_clipped) * clamped) + -(
-        (cotangent * to_unclipped) * p.ratio
+    grad_advantages = -((cotangent * shares.to_clipped) * clamped) + -(
+        (cotangent * shares.to_unclipped) * p.ratio
     )
     if dual_clip is not None:
-        capped_grad = (cotangent * to_capped) * jnp.asarray(dual_clip, cotangent.dtype)
+        capped_grad = (cotangent * shares.to_capped) * jnp.asarray(dual_clip, cotangent.dtype)
         grad_advantages = grad_advantages + -capped_grad
     return select(grad_log_ratio, keep), select(grad_advantages, keep), None
 

@@ -1,4 +1,8 @@
-"""KL estimators between the policy and a reference: k1, k2 and verl's clamped k3."""
+"""KL estimators between the policy and a reference: k1, k2 and verl's clamped k3.
+
+k3's elementwise value and derivative come from the foundation ``_token_terms``, which the
+fused ``_policy_loss`` calls too.
+"""
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
 
@@ -8,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.rl._checks import require_float, require_same_dtype, require_same_shape
-from dew.rl._masking import clamp
+from dew.rl._token_terms import k3_grad_d, k3_value
 
 
 def k1_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
@@ -79,12 +83,6 @@ def k2_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     return 0.5 * jnp.square(log_probs - ref_log_probs)
 
 
-#: Bound on ``log pi_ref - log pi`` before the exponential.
-K3_LOG_RATIO_BOUND = 20.0
-#: Bound on the estimate itself.
-K3_ESTIMATE_BOUND = 10.0
-
-
 def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     """Schulman's k3 estimate of KL(pi || pi_ref) per token: ``exp(d) - d - 1``.
 
@@ -130,28 +128,9 @@ def k3_kl(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
     return _k3(log_probs, ref_log_probs)
 
 
-def _k3_value(
-    log_probs: jax.Array, ref_log_probs: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The clamped estimate, ``exp(d)``, and where both clamps pass gradient (torch's rule).
-
-    ``jnp.clip`` gives the values of :func:`clamp` (nan included) but is a different
-    expression: with ``d`` feeding only the subtraction and the clip only the exponential,
-    XLA fuses the whole chain into its consumer instead of storing ``d`` for two users.
-    """
-    diff = ref_log_probs - log_probs
-    d = clamp(diff, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND)
-    e = jnp.exp(jnp.clip(diff, -K3_LOG_RATIO_BOUND, K3_LOG_RATIO_BOUND))
-    estimate = e - d - 1
-    # Each clamp passes gradient unless its input lies strictly beyond a bound (nan passes).
-    passes = ~(diff < -K3_LOG_RATIO_BOUND) & ~(diff > K3_LOG_RATIO_BOUND)
-    passes &= ~(estimate < -K3_ESTIMATE_BOUND) & ~(estimate > K3_ESTIMATE_BOUND)
-    return clamp(estimate, -K3_ESTIMATE_BOUND, K3_ESTIMATE_BOUND), e, passes
-
-
 @jax.custom_vjp
 def _k3(log_probs: jax.Array, ref_log_probs: jax.Array) -> jax.Array:
-    return _k3_value(log_probs, ref_log_probs)[0]
+    return k3_value(log_probs, ref_log_probs)[0]
 
 
 def _k3_forward(
@@ -170,9 +149,8 @@ def _k3_backward(
     recomputation with the forward one into a stored array.
     """
     log_probs, ref_log_probs = jax.lax.optimization_barrier(residuals)
-    _, e, passes = _k3_value(log_probs, ref_log_probs)
-    # d/dd of exp(d) - d - 1, accumulated as reverse mode does: ct * exp(d) - ct.
-    grad_d = jnp.where(passes, cotangent * e - cotangent, jnp.zeros((), cotangent.dtype))
+    _, e, passes = k3_value(log_probs, ref_log_probs)
+    grad_d = k3_grad_d(e, passes, cotangent)  # d/dd of exp(d) - d - 1
     return -grad_d, grad_d
 
 

@@ -1,9 +1,11 @@
 """Mask, dtype, count and chain arithmetic shared by every dew.rl theme (private).
 
-This module and :mod:`dew.rl._checks` are the two foundations of ``dew.rl``: the themed
-modules (``_gae``, ``_group``, ``_reductions``, ``_ratios``, ``_clipped_surrogate``,
-``_cispo``, ``_value_loss``, ``_kl``, ``_entropy``, ``_corrections``, ``_preference``) import
-from these two only, never from each other. What two themes both need lives here.
+This module, :mod:`dew.rl._checks` and :mod:`dew.rl._token_terms` (the surrogate's and
+k3's elementwise pieces, built on this module) are the foundations of ``dew.rl``: the
+themed modules (``_gae``, ``_group``, ``_reductions``, ``_ratios``, ``_clipped_surrogate``,
+``_cispo``, ``_value_loss``, ``_kl``, ``_entropy``, ``_corrections``, ``_preference``,
+``_policy_loss``) import from these only, never from each other. What two themes both need
+lives here.
 
 A mask is a boolean or numeric array; a non-zero entry keeps its position. Values at
 positions a mask drops are replaced through ``jnp.where`` before any arithmetic touches

@@ -7,9 +7,11 @@ terms. Under ``jax.value_and_grad`` and ``jax.jit`` on CPU the step then reads e
 once for the terms and the gradient together instead of writing per-term arrays, reducing
 them and reading the inputs again for the backward pass.
 
-The per-token math repeats the surrogate of ``_clipped_surrogate`` and the estimator of
-``_kl`` (a themed module imports only ``_checks`` and ``_masking``); the tests pin this
-function to that composition, gradient ties included, and to verl's recorded numbers.
+The per-token math is not restated here: the surrogate's branches, clips and tie shares
+and k3's clamps and estimate come from the foundation ``_token_terms``, the same functions
+``_clipped_surrogate`` and ``_kl`` call in their written-out backward passes; this module
+only chains them and reduces. The tests pin this function to that composition, gradient
+ties included, and to verl's recorded numbers.
 """
 
 # Ports verl 0.9.1 (Apache License 2.0, Copyright 2024 Bytedance Ltd. and/or its affiliates).
@@ -36,9 +38,13 @@ from dew.rl._masking import (
     mean_with_eps,
     select,
 )
-
-#: verl's k3 bounds: on ``log pi_ref - log pi`` before the exponential, on the estimate after.
-_K3_LOG_RATIO_BOUND, _K3_ESTIMATE_BOUND = 20.0, 10.0
+from dew.rl._token_terms import (
+    SurrogateParts,
+    SurrogateShares,
+    k3_grad_d,
+    k3_value,
+    surrogate_log_ratio_grad,
+)
 
 
 def policy_loss(
@@ -157,90 +163,54 @@ def policy_loss(
 Options = tuple[float, float, float | None, float]
 
 
-def _pieces(
-    lp: jax.Array, old: jax.Array, adv: jax.Array, ref: jax.Array | None, options: Options
-) -> dict[str, jax.Array]:
-    """Per-token terms and their derivatives in ``lp`` (cotangent 1), for masked-in inputs.
-
-    The surrogate follows ``_clipped_surrogate._Parts``/``_terms_backward`` and k3 follows
-    ``_kl._k3_value``/``_k3_backward``, operation for operation.
+class _Pieces:
+    """Per-token terms of the loss for masked-in inputs, from the ``_token_terms`` pieces:
+    the token log ratio (clamped to +-20, with where that clamp passes gradient), the
+    surrogate's parts and, with ``ref``, k3's clamped estimate, ``exp(d)`` and its pass mask.
     """
-    low_eps, high_eps, dual_clip, _ = options
-    dtype = lp.dtype
-    zero = jnp.zeros((), dtype)
-    diff = lp - old
-    log_ratio = clamp(diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    ratio_passes = ~(diff < -LOG_RATIO_BOUND) & ~(diff > LOG_RATIO_BOUND)
-    ratio = jnp.exp(log_ratio)
-    low, high = 1 - low_eps, 1 + high_eps
-    neg_adv = -adv
-    unclipped = neg_adv * ratio
-    clipped = neg_adv * clamp(ratio, low, high)
-    larger = jnp.maximum(unclipped, clipped)
-    to_unclipped = _share(unclipped, larger, clipped)
-    to_clipped = _share(clipped, larger, unclipped)
-    pg = larger
-    if dual_clip is not None:
-        capped = -adv * jnp.asarray(dual_clip, dtype)
-        negative = adv < 0
-        smaller = jnp.minimum(capped, larger)
-        pg = jnp.where(negative, smaller, larger)
-        to_larger = jnp.where(negative, _share(larger, smaller, capped), 1.0)
-        to_unclipped *= to_larger
-        to_clipped *= to_larger
-    in_band = ~(ratio < low) & ~(ratio > high)
-    weight = to_unclipped + jnp.where(in_band, to_clipped, zero)
-    out = {"pg": pg, "pg_weight": weight, "ratio_passes": ratio_passes}
-    out["neg_adv"], out["ratio"] = neg_adv, ratio
-    if ref is not None:
-        kdiff = ref - lp
-        d = clamp(kdiff, -_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND)
-        e = jnp.exp(jnp.clip(kdiff, -_K3_LOG_RATIO_BOUND, _K3_LOG_RATIO_BOUND))
-        estimate = e - d - 1
-        passes = ~(kdiff < -_K3_LOG_RATIO_BOUND) & ~(kdiff > _K3_LOG_RATIO_BOUND)
-        passes &= ~(estimate < -_K3_ESTIMATE_BOUND) & ~(estimate > _K3_ESTIMATE_BOUND)
-        out["kl"] = clamp(estimate, -_K3_ESTIMATE_BOUND, _K3_ESTIMATE_BOUND)
-        out["kl_passes"], out["e"] = passes, e
-    return out
+
+    def __init__(
+        self, lp: jax.Array, old: jax.Array, adv: jax.Array, ref: jax.Array | None, options: Options
+    ) -> None:
+        low_eps, high_eps, dual_clip, _ = options
+        diff = lp - old
+        self.log_ratio = clamp(diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+        self.ratio_passes = ~(diff < -LOG_RATIO_BOUND) & ~(diff > LOG_RATIO_BOUND)
+        self.surrogate = SurrogateParts(self.log_ratio, adv, low_eps, high_eps, dual_clip)
+        self.kl: jax.Array | None = None
+        if ref is not None:
+            self.kl, self.e, self.kl_passes = k3_value(lp, ref)
 
 
-def _share(x: jax.Array, result: jax.Array, other: jax.Array) -> jax.Array:
-    """``max``/``min``'s share of the cotangent reaching ``x``: 1 alone, 1/2 at a tie, else 0."""
-    half_or_one = jnp.where(other == result, 0.5, 1.0).astype(x.dtype)
-    return jnp.where(x == result, half_or_one, jnp.zeros((), x.dtype))
-
-
-def _value(
-    p: dict[str, jax.Array], keep: jax.Array, count: jax.Array, options: Options
-) -> jax.Array:
+def _value(p: _Pieces, keep: jax.Array, count: jax.Array, options: Options) -> jax.Array:
     """``sum(pg + kl_coef * kl) / count`` over the kept tokens: one sum, one reduction pass.
 
     The composition (and verl) divides two sums, ``pg_mean + kl_coef * kl_mean``; the
     two differ by float rounding only.
     """
-    terms = p["pg"] if "kl" not in p else p["pg"] + options[3] * p["kl"]
+    pg = p.surrogate.terms
+    terms = pg if p.kl is None else pg + options[3] * p.kl
     return divide(jnp.sum(select(terms, keep)), count, terms.dtype)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _loss(lp, old, adv, ref, keep, options):  # type: ignore[no-untyped-def]
-    return _value(_pieces(lp, old, adv, ref, options), keep, count_kept(keep), options)
+    return _value(_Pieces(lp, old, adv, ref, options), keep, count_kept(keep), options)
 
 
 def _loss_forward(lp, old, adv, ref, keep, options):  # type: ignore[no-untyped-def]
     """Loss and the per-token gradient for a unit cotangent, from one pass over the inputs."""
-    p = _pieces(lp, old, adv, ref, options)
+    p = _Pieces(lp, old, adv, ref, options)
     count = count_kept(keep)
     dtype = lp.dtype
-    one = jnp.ones((), dtype)
+    zero = jnp.zeros((), dtype)
     # The token mean's cotangent, as ``divide`` transposes: 1 / count (kl_coef / count).
-    share = divide(one, count, dtype)
-    grad = ((share * p["pg_weight"]) * p["neg_adv"]) * p["ratio"]
-    grad = jnp.where(p["ratio_passes"], grad, jnp.zeros((), dtype))  # the +-20 clamp
-    if "kl" in p:
+    share = divide(jnp.ones((), dtype), count, dtype)
+    grad = surrogate_log_ratio_grad(p.surrogate, SurrogateShares(p.surrogate), share)
+    grad = jnp.where(p.ratio_passes, grad, zero)  # the +-20 clamp
+    if p.kl is not None:
         kl_share = divide(jnp.asarray(options[3], dtype), count, dtype)
-        grad_d = jnp.where(p["kl_passes"], kl_share * p["e"] - kl_share, jnp.zeros((), dtype))
-        grad = grad + -grad_d
+        grad = grad + -k3_grad_d(p.e, p.kl_passes, kl_share)
     return _value(p, keep, count, options), select(grad, keep)
 
 
@@ -261,24 +231,19 @@ def _metrics(
     options: Options,
 ) -> dict[str, jax.Array]:
     """verl's pg metrics and the two token means (``_clipped_surrogate``'s definitions)."""
-    p = _pieces(lp, old, adv, ref, options)
+    p = _Pieces(lp, old, adv, ref, options)
+    s = p.surrogate
     count = count_kept(keep)
     dtype = lp.dtype
-    log_ratio = clamp(lp - old, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-    ratio = p["ratio"]
-    low, high = 1 - options[0], 1 + options[1]
-    clipped = p["neg_adv"] * clamp(ratio, low, high)
-    unclipped = p["neg_adv"] * ratio
     out = {
-        "pg_loss": divide(jnp.sum(select(p["pg"], keep)), count, dtype),
-        "pg_clipfrac": mean_with_eps((clipped > unclipped).astype(jnp.float32), mask),
+        "pg_loss": divide(jnp.sum(select(s.terms, keep)), count, dtype),
+        "pg_clipfrac": mean_with_eps((s.clipped > s.unclipped).astype(jnp.float32), mask),
         "pg_clipfrac_lower": jnp.zeros((), jnp.float32),
-        "ppo_kl": mean_with_eps(-log_ratio, mask),
+        "ppo_kl": mean_with_eps(-p.log_ratio, mask),
     }
-    if options[2] is not None:
-        larger = jnp.maximum(unclipped, clipped)
-        binds = (larger > p["neg_adv"] * jnp.asarray(options[2], dtype)) & (adv < 0)
+    if s.dual:
+        binds = (s.larger > s.capped) & s.negative
         out["pg_clipfrac_lower"] = mean_with_eps(binds.astype(jnp.float32), mask)
-    if "kl" in p:
-        out["kl_loss"] = divide(jnp.sum(select(p["kl"], keep)), count, dtype)
+    if p.kl is not None:
+        out["kl_loss"] = divide(jnp.sum(select(p.kl, keep)), count, dtype)
     return out
