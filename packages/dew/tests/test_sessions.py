@@ -136,7 +136,7 @@ def test_a_registered_estimator_is_used_by_name_when_packing():
     batch = pack(sessions, width=4, estimator="test-sessions-centred-max")
     kept = batch["response_mask"] > 0
     np.testing.assert_array_equal(np.asarray(batch["advantages"])[kept], [-2.0, -3.0, 0.0])
-    with pytest.raises(ValueError, match=r"estimator: expected one of \(.*'test-sessions-"):
+    with pytest.raises(ValueError, match=r"estimator: expected one of .*test-sessions-"):
         pack(sessions, width=4, estimator="max")
 
 

@@ -48,7 +48,7 @@ _REGISTRIES: dict[str, dict[str, Callable[..., Any]]] = {
 
 def _table(kind: str) -> dict[str, Callable[..., Any]]:
     if kind not in _REGISTRIES:
-        raise ValueError(f"kind: expected one of {tuple(_REGISTRIES)}, got {kind!r}")
+        raise ValueError(f"kind: expected one of {', '.join(_REGISTRIES)}, got {kind!r}")
     return _REGISTRIES[kind]
 
 
@@ -73,7 +73,7 @@ def _register(kind: str, name: str) -> Callable[[F], F]:
 def _lookup(kind: str, name: str) -> Callable[..., Any]:
     table = _table(kind)
     if name not in table:
-        raise ValueError(f"{kind}: expected one of {tuple(table)}, got {name!r}")
+        raise ValueError(f"{kind}: expected one of {', '.join(table)}, got {name!r}")
     return table[name]
 
 

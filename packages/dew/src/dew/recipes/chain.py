@@ -44,7 +44,7 @@ from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
-from dew.sessions.advantages import ESTIMATORS
+from dew.sessions.advantages import check_estimator
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,10 @@ class Stage(GRPOLoss):
             "decode": self.decode,
             "estimator": None if self.estimator == "group" else self.estimator,
         }
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(
-                f"Stage.estimator ({self.name}): expected one of {', '.join(ESTIMATORS)}, "
-                f"got {self.estimator!r}"
-            )
+        try:
+            check_estimator(self.estimator)
+        except ValueError as err:
+            raise ValueError(f"Stage.{err}".replace(":", f" ({self.name}):", 1)) from None
         for option, value in rollout_options.items():
             if value is not None and not isinstance(self.data, Prompts):
                 raise ValueError(

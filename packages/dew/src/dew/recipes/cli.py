@@ -112,13 +112,20 @@ def _stage_keys() -> list[str]:
     return fields + ["reward_args", "optimizer", "schedule"]
 
 
-def _loss_hints() -> dict[str, Any]:
+def _check_loss(spec: dict[str, Any], where: str) -> None:
+    """Type a stage's GRPO loss keys as ``dew train grpo``'s objective keys (in place) and
+    check them as ``GRPOObjective`` would (names against ``dew.rl``'s registries), each
+    error naming ``where.key``."""
     import typing
 
     from dew.recipes.stages import LOSS_KEYS, GRPOLoss
 
     hints = typing.get_type_hints(GRPOLoss)
-    return {key: hints[key] for key in LOSS_KEYS}
+    given = [key for key in LOSS_KEYS if key in spec]
+    for key in given:
+        spec[key] = check_value(spec[key], hints[key], f"{where}.{key}")
+    if given:
+        GRPOLoss(**{key: spec[key] for key in given}).check_loss(lambda key: f"{where}.{key}")
 
 
 def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Any:
@@ -220,9 +227,7 @@ def _stage(
     )
     data_spec = spec.pop("data", None)
     data = _dataset(data_spec, base, f"{where}.data")
-    for key, tp in _loss_hints().items():  # typed as dew train grpo's objective keys
-        if key in spec:
-            spec[key] = check_value(spec[key], tp, f"{where}.{key}")
+    _check_loss(spec, where)
     reward, reward_args = spec.pop("reward", None), spec.pop("reward_args", None)
     if reward is not None:
         reward = make_reward(reward, f"{where}.reward", reward_args)

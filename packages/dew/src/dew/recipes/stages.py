@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 from dew.recipes.schema import ConfigError, check_value, unknown_key
 
@@ -45,8 +45,10 @@ class GRPOLoss:
     """``GRPOObjective``'s loss options (see its docstring; the defaults are its own).
 
     Attributes:
-      policy_loss: ``"ppo"`` (dual-clipped token surrogate), ``"gspo"`` or ``"cispo"``.
-      aggregation: ``"token-mean"`` or ``"session-mean"``.
+      policy_loss: a name registered with ``dew.rl.register_policy_loss``: built in,
+        ``"ppo"`` (dual-clipped token surrogate), ``"gspo"`` or ``"cispo"``.
+      aggregation: a name registered with ``dew.rl.register_aggregation``: built in,
+        ``"token-mean"`` or ``"session-mean"``.
       epsilon_low, epsilon_high: the PPO clip range ``[1 - low, 1 + high]``.
       dual_clip: verl's ``clip_ratio_c`` (> 1); None disables it.
       behavior_importance: the behavior-policy correction: a TIS cap ``c`` (token weights
@@ -56,8 +58,8 @@ class GRPOLoss:
         geometric-mean ratio; sessions outside are masked. None: no mask.
     """
 
-    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
-    aggregation: Literal["token-mean", "session-mean"] = "token-mean"
+    policy_loss: str = "ppo"
+    aggregation: str = "token-mean"
     epsilon_low: float = 0.2
     epsilon_high: float = 0.2
     dual_clip: float | None = 3.0
@@ -142,15 +144,15 @@ def build_stage(
     from dew.objectives.rl.grpo import GRPOObjective
     from dew.rollouts.sampled import SampledRollout
     from dew.sampling import Sampling
-    from dew.sessions.advantages import ESTIMATORS
+    from dew.sessions.advantages import check_estimator
 
     if reward is None:
         raise ConfigError(f"{where}.reward: a GRPO stage needs a reward")
     estimator = o.get("estimator", "group")
-    if estimator not in ESTIMATORS:
-        raise ConfigError(
-            f"{where}.estimator: expected one of {', '.join(ESTIMATORS)}, got {estimator!r}"
-        )
+    try:
+        check_estimator(estimator)
+    except ValueError as err:
+        raise ConfigError(f"{where}.{err}") from None
     hints = typing.get_type_hints(GRPOLoss)
     for key in TUPLE_KEYS:  # a list from JSON or YAML becomes a tuple; a bad value names key
         if key in o:

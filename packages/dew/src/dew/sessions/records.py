@@ -235,7 +235,7 @@ class Session:
 def check_choice(value: str, choices: tuple[str, ...], field_name: str) -> None:
     """Raise a ValueError naming ``field_name`` unless ``value`` is one of ``choices``."""
     if value not in choices:
-        raise ValueError(f"{field_name}: expected one of {choices}, got {value!r}")
+        raise ValueError(f"{field_name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
 __all__ = ["Call", "Session", "Status", "Task", "check_choice", "token_ids"]
