@@ -103,8 +103,8 @@ class GRPOObjective:
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
-        # The same nine keywords as policy_loss_from_log_probs: both keep an explicit signature
-        # (documented, type-checked) and hand it to PolicyLossOptions, which checks it once.
+        # The loss keywords of the constructor's documented signature; PolicyLossOptions, their
+        # one definition, checks them once.
         options = PolicyLossOptions(
             policy_loss=policy_loss,
             aggregation=aggregation,

@@ -292,37 +292,20 @@ def policy_loss_from_log_probs(
     log_probs: jax.Array,
     batch: Mapping[str, jax.Array],
     *,
-    policy_loss: str = "ppo",
-    aggregation: str = "token-mean",
-    beta: float = 0.0,
     ref_log_probs: jax.Array | None = None,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
-    dual_clip: float | None = 3.0,
-    behavior_importance: float | tuple[float, float] | None = None,
-    sequence_mask: tuple[float, float] | None = None,
-    geometric_mask: tuple[float, float] | None = None,
+    **options: Any,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
     """GRPO's ``(loss_sum, weight, metrics)`` from per-token log-probs ``[B, W]``.
 
     ``log_probs`` is aligned with ``batch["input_ids"]`` (what ``packed_log_probs``
-    returns); ``ref_log_probs`` likewise, needed when ``beta > 0``. The options mean what
-    they mean on ``GRPOObjective``; they are checked here on every call, so a caller that
-    computes the loss repeatedly builds a ``PolicyLossOptions`` once and calls
-    ``compute_policy_loss`` instead. Pure and jit-safe.
+    returns); ``ref_log_probs`` likewise, needed when ``beta > 0``. ``options`` are the
+    fields of ``PolicyLossOptions`` (``policy_loss``, ``aggregation``, ``beta``, the clip
+    range, ``dual_clip`` and the corrections), meaning what they mean on
+    ``GRPOObjective``; an unknown one is a ``TypeError`` naming it. They are checked on every
+    call, so a caller that computes the loss repeatedly builds a ``PolicyLossOptions`` once
+    and calls ``compute_policy_loss`` instead. Pure and jit-safe.
     """
-    options = PolicyLossOptions(
-        policy_loss=policy_loss,
-        aggregation=aggregation,
-        beta=beta,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        dual_clip=dual_clip,
-        behavior_importance=behavior_importance,
-        sequence_mask=sequence_mask,
-        geometric_mask=geometric_mask,
-    )
-    return compute_policy_loss(log_probs, batch, options, ref_log_probs)
+    return compute_policy_loss(log_probs, batch, PolicyLossOptions(**options), ref_log_probs)
 
 
 def mismatch_metrics(
