@@ -423,14 +423,14 @@ def test_chain_reward_classes_are_made_and_checked_before_any_stage(work, capsys
     assert reward("s", "so \\boxed{3}", "3", "") == 1.0
     assert recipe_from_config(path).stages[1].decode is None  # no tokenizer: ids as text
     # The short name, a class made with reward_args, and decoded text with a tokenizer.
-    (tmp_path / "rewards_scaled.py").write_text(
+    (tmp_path / "rewards_chain_scaled.py").write_text(
         "class Scaled:\n    def __init__(self, scale):\n        self.scale = scale\n"
         "    def __call__(self, source, completion, truth, extra):\n"
         "        return self.scale * (completion == truth)\n"
     )
     path.write_text(json.dumps({**config, "stages": [sft, {**grpo, "reward": "math"}]}))
     assert isinstance(recipe_from_config(path).stages[1].reward, MathReward)
-    scaled = {**grpo, "reward": "rewards_scaled:Scaled", "reward_args": {"scale": 2.5},
+    scaled = {**grpo, "reward": "rewards_chain_scaled:Scaled", "reward_args": {"scale": 2.5},
               "data": {**grpo["data"], "tokenizer": tok}}  # fmt: skip
     path.write_text(json.dumps({**config, "stages": [sft, scaled]}))
     stage = recipe_from_config(path).stages[1]

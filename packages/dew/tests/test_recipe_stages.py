@@ -215,14 +215,14 @@ def test_train_grpo_makes_a_reward_class_with_reward_args(prompts):
     objective.reward_args as keyword arguments."""
     from dew.rewards import MathReward
 
-    (prompts.parent / "rewards_scaled.py").write_text(
+    (prompts.parent / "rewards_stage_args.py").write_text(
         "class Scaled:\n    def __init__(self, scale):\n        self.scale = scale\n"
         "    def __call__(self, source, completion, truth, extra):\n        return self.scale\n"
     )
     _, rollout = train_objective(prompts, "objective.reward=math")
     assert isinstance(rollout.reward, MathReward)
     _, rollout = train_objective(
-        prompts, "objective.reward=rewards_scaled:Scaled", 'objective.reward_args={"scale": 2.5}'
+        prompts, "objective.reward=rewards_stage_args:Scaled", 'objective.reward_args={"scale": 2.5}'
     )
     assert rollout.reward("s", "c", "t", "") == 2.5
     with pytest.raises(ConfigError, match=r"objective.reward_args: 'rewards_stages:low' is a func"):
