@@ -222,7 +222,9 @@ def test_train_grpo_makes_a_reward_class_with_reward_args(prompts):
     _, rollout = train_objective(prompts, "objective.reward=math")
     assert isinstance(rollout.reward, MathReward)
     _, rollout = train_objective(
-        prompts, "objective.reward=rewards_stage_args:Scaled", 'objective.reward_args={"scale": 2.5}'
+        prompts,
+        "objective.reward=rewards_stage_args:Scaled",
+        'objective.reward_args={"scale": 2.5}',
     )
     assert rollout.reward("s", "c", "t", "") == 2.5
     with pytest.raises(ConfigError, match=r"objective.reward_args: 'rewards_stages:low' is a func"):
