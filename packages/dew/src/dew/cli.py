@@ -1,4 +1,5 @@
-"""The ``dew`` command line: ``dew train lm|sft|dpo|grpo``, ``dew chain``, ``dew quickstart``.
+"""The ``dew`` command line: ``dew train lm|sft|dpo|grpo``, ``dew chain``, ``dew quickstart``,
+``dew generate`` and ``dew eval`` (``dew.recipes.generate_cli``).
 
 ``dew train KIND`` builds its run from three layers, later ones winning: the defaults of
 ``dew.recipes.train_config``, a YAML or JSON file (``--config``), the flags, and ``--set
@@ -149,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     from dew.quickstart.command import add_command as add_quickstart_command
 
     add_quickstart_command(commands)  # ``dew quickstart`` (dew.quickstart)
+    from dew.recipes.generate_cli import add_commands
+
+    add_commands(commands)  # ``dew generate``, ``dew eval`` (dew.recipes.generate_cli)
     quickstart = commands.choices.get("quickstart")
     if quickstart is not None and not quickstart.epilog:
         quickstart.epilog = "example:\n  dew quickstart --size small --run-dir runs/quickstart"
@@ -365,6 +369,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from dew.quickstart.command import run_command
 
         return run_command(args)
+    if args.command in ("generate", "eval"):
+        from dew.recipes import generate_cli
+
+        return (
+            generate_cli.run_generate(args)
+            if args.command == "generate"
+            else generate_cli.run_eval(args)
+        )
     return 2  # pragma: no cover - argparse requires a command
 
 
