@@ -77,7 +77,8 @@ def _is_run_dir(path: str) -> bool:
 
 def _policy_variables(model: Any, restored: Any) -> Any:
     """The ``params`` field of a checkpointed ``TrainState`` (leaves 2.. after ``step`` and
-    ``updates``), shaped like ``model``'s variables; refused when the shapes differ."""
+    ``updates``), shaped like ``model``'s variables; refused when the shapes differ. The
+    whole state is read (optimizer state too) and all but the policy is dropped."""
     import jax
 
     from dew.trainer import checkpoint
