@@ -2,7 +2,7 @@
 
 A crash journal is a directory of files a run writes as it goes, so that the next attempt
 of the same run can take up where a crash left off. Dew keeps two:
-``dew.rollouts.episodes.EpisodeJournal`` (episode turns, one SQLite database per rank) and
+``dew.objectives.rl.EpisodeJournal`` (episode turns, one SQLite database per rank) and
 ``dew.rollout.WeightJournal`` (the weights batches in flight were drawn from). Both follow
 the conventions this module owns:
 
