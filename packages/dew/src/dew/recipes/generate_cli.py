@@ -50,28 +50,34 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add("--debug", action="store_true", help="show the traceback of an error")
 
 
+def _command(commands: Any, name: str, help: str, description: str, epilog: str) -> Any:
+    """One sub-command with the flags ``generate`` and ``eval`` share."""
+    parser = commands.add_parser(name, help=help, description=description, epilog=epilog,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    _common(parser)
+    return parser
+
+
 def add_commands(commands: Any) -> None:
     """Add ``generate MODEL`` and ``eval MODEL`` to ``dew``'s sub-command set."""
-    generate = commands.add_parser(
+    generate = _command(
+        commands,
         "generate",
-        help="sample completions of prompts from a run or model directory",
-        description="Sample completions of every prompt; one JSON line per completion (row, "
-        "sample, ids, length, finish_reason, text when a tokenizer is known).",
-        epilog=GENERATE_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "sample completions of prompts from a run or model directory",
+        "Sample completions of every prompt; one JSON line per completion (row, sample, ids, "
+        "length, finish_reason, text when a tokenizer is known).",
+        GENERATE_EXAMPLE,
     )
-    _common(generate)
     generate.add_argument("--out", default=None, metavar="FILE.jsonl",
                           help="write the lines here, atomically (default: stdout)")  # fmt: skip
-    evaluate = commands.add_parser(
+    evaluate = _command(
+        commands,
         "eval",
-        help="score completions of prompts with a reward",
-        description="Decode every prompt (greedy unless --temperature is given), score each "
-        "completion with the reward and print the mean reward, its standard error and n.",
-        epilog=EVAL_EXAMPLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "score completions of prompts with a reward",
+        "Decode every prompt (greedy unless --temperature is given), score each completion "
+        "with the reward and print the mean reward, its standard error and n.",
+        EVAL_EXAMPLE,
     )
-    _common(evaluate)
     evaluate.add_argument("--reward", required=True, metavar="SPEC",
                           help="math, or module:object (a class is made with --reward-args)")  # fmt: skip
     evaluate.add_argument("--reward-args", default=None, metavar="JSON",
