@@ -3,6 +3,7 @@ evaluate and checkpoint when due. ``Trainer.fit`` reads as the sequence of these
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -40,34 +41,26 @@ def _count_tokens(batch: Mapping[str, Any], fields: tuple[str, ...]) -> int:
     return int(np.shape(first)[0]) if np.ndim(first) else 1
 
 
+@dataclasses.dataclass
 class FitRun:
     """What one ``Trainer.fit`` call changes as it goes: the state, the data position, the step
     whose metrics are not yet checked, the tokens since the last log and the last saved step."""
 
-    def __init__(
-        self,
-        trainer: Trainer,
-        data: Dataset,
-        steps: int,
-        state: TrainState,
-        position: int,
-        run_dir: str | None,
-        progress: Progress,
-        trackers: list[Tracker],
-    ) -> None:
-        self.trainer = trainer
-        self.data = data
-        self.steps = steps
-        self.state = state
-        self.position = position
-        self.run_dir = run_dir
-        self.progress = progress
-        self.trackers = trackers
-        self.pending: tuple[int, Any] | None = None
-        self.tokens = 0
-        self.token_fields = token_fields_of(trainer.objective)
-        self.t_last = time.perf_counter()
-        self.last_saved: int | None = None
+    trainer: Trainer
+    data: Dataset
+    steps: int
+    state: TrainState
+    position: int
+    run_dir: str | None
+    progress: Progress
+    trackers: list[Tracker]
+    pending: tuple[int, Any] | None = None
+    tokens: int = 0
+    last_saved: int | None = None
+    t_last: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.token_fields = token_fields_of(self.trainer.objective)
 
     def check(self, entry: tuple[int, Any]) -> dict[str, float]:
         """A step's metrics on the host; ``NonFiniteLossError`` when its loss is not finite."""
