@@ -25,11 +25,14 @@ the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``e
 ``sequence_mask`` and ``geometric_mask`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
 grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
 keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
-ids separated by spaces as the reward's text, and the dual-clipped PPO loss.
+ids separated by spaces as the reward's text, and the dual-clipped PPO loss. A GRPO stage's
+``rollout`` (``dew.recipes.rollout_config.RolloutConfig``, the ``rollout`` section of ``dew
+train grpo``) with ``mode: async`` draws its batches ahead of the update instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +46,7 @@ from dew.checks import is_int
 from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
+from dew.recipes.rollout_config import RolloutConfig
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
 from dew.sessions.advantages import check_estimator
 
@@ -68,6 +72,9 @@ class Stage(GRPOLoss):
       decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
         separated by spaces).
       estimator: GRPO's advantage estimator, ``"group"`` (default), ``"mean"`` or ``"rloo"``.
+      rollout: GRPO's ``dew.recipes.rollout_config.RolloutConfig`` (None: ``mode: sync``,
+        the trainer samples each batch itself); ``mode: async`` draws batches ahead with
+        ``dew-rollout``'s ``RolloutScheduler`` (``dew.recipes.async_run``).
 
     GRPO's loss options are keyword-only fields too, the keys of
     ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
@@ -88,6 +95,7 @@ class Stage(GRPOLoss):
     eos_id: int | tuple[int, ...] | None = None
     decode: Callable[[Any], str] | None = None
     estimator: str = "group"
+    rollout: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or os.sep in self.name:
@@ -118,7 +126,13 @@ class Stage(GRPOLoss):
                 f"Stage.nll_weight ({self.name}): only a PreferencePairs (DPO) stage takes it, "
                 f"this stage's data is {type(self.data).__name__}"
             )
+        if self.rollout is not None and not isinstance(self.rollout, RolloutConfig):
+            raise TypeError(
+                f"Stage.rollout ({self.name}): expected a RolloutConfig or None, "
+                f"got {type(self.rollout).__name__}"
+            )
         rollout_options = {
+            "rollout": self.rollout,
             "temperature": self.temperature,
             "eos_id": self.eos_id,
             "decode": self.decode,
@@ -259,12 +273,18 @@ class Recipe:
                 progress=self.progress,
                 checkpoint_every=self.checkpoint_every,
             )
-            state = trainer.fit(
-                datasets[index],
-                steps=stage.steps,
-                log_every=self.log_every,
-                run_dir=output / stage.name,
-            )
+            with contextlib.ExitStack() as stack:
+                data = datasets[index]
+                if stage.rollout is not None and stage.rollout.is_async:
+                    from dew.recipes.async_run import attach
+
+                    seed = int(jax.random.randint(jax.random.fold_in(self.key, index), (), 0,
+                                                  2**31 - 1))  # fmt: skip
+                    data = attach(trainer, data, stage.rollout, batch=self.batch, seed=seed,
+                                  run_dir=output / stage.name, stack=stack,
+                                  where=f"Stage.rollout ({stage.name})")  # fmt: skip
+                state = trainer.fit(data, steps=stage.steps, log_every=self.log_every,
+                                    run_dir=output / stage.name)  # fmt: skip
             states.append(state)
             # host copy: the next stage's compiled steps donate their own device buffers
             start = jax.device_get(state.params)

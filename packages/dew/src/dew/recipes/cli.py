@@ -228,6 +228,10 @@ def _stage(
     data_spec = spec.pop("data", None)
     data = _dataset(data_spec, base, f"{where}.data")
     _check_loss(spec, where)
+    if spec.get("rollout") is not None:
+        from dew.recipes.async_run import stage_rollout
+
+        spec["rollout"] = stage_rollout(spec, data, where)
     reward, reward_args = spec.pop("reward", None), spec.pop("reward_args", None)
     if reward is not None:
         reward = make_reward(reward, f"{where}.reward", reward_args)

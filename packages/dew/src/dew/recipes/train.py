@@ -9,10 +9,15 @@ fails (a bad path, a bad value) leaves the directory free for the corrected comm
 A run directory that holds a checkpoint resumes from it; its ``config.json`` must agree on
 the kind, the model and the training data (validation data, step counts and the optimizer
 may change between runs).
+
+A GRPO config with ``rollout.mode: async`` draws its batches with ``dew-rollout``'s
+``RolloutScheduler`` (``dew.recipes.async_run.attach``), one or more batches ahead of the
+update; everything it opens is closed when the run ends, fails or is interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -332,10 +337,17 @@ def run_train(config: TrainConfig) -> Any:
                       checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
                       tensorboard=r.tensorboard, trackers=r.tracker_names(),
                       progress=r.progress)  # fmt: skip
-    write_config(config)
-    state = trainer.fit(prepared.data, steps=r.steps, log_every=r.log_every,
-                        eval_every=r.eval_every, run_dir=r.run_dir,
-                        resume_from=resume)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        data = prepared.data
+        if config.rollout is not None and config.rollout.is_async:
+            from dew.recipes.async_run import attach
+
+            data = attach(trainer, data, config.rollout, batch=r.batch, seed=r.seed,
+                          run_dir=r.run_dir, stack=stack)  # fmt: skip
+        write_config(config)
+        state = trainer.fit(data, steps=r.steps, log_every=r.log_every,
+                            eval_every=r.eval_every, run_dir=r.run_dir,
+                            resume_from=resume)  # fmt: skip
     if r.export:
         from dew import models
 

@@ -1,6 +1,7 @@
 """The config of one ``dew train`` run: sections, their keys and the checks run before training.
 
-A train config has seven sections (``kind`` picks the ``data`` and ``objective`` keys)::
+A train config has seven sections (``kind`` picks the ``data`` and ``objective`` keys), and
+an RL kind (``RL_KINDS``) an eighth, ``rollout`` (``dew.recipes.rollout_config``)::
 
     kind: sft                       # lm, sft, dpo or grpo
     run:       {run_dir: runs/sft, steps: 1000, batch: 8, log_every: 10, ...}   RunConfig
@@ -9,6 +10,7 @@ A train config has seven sections (``kind`` picks the ``data`` and ``objective``
     schedule:  {kind: cosine, warmup_steps: 100}           dew.recipes.builder.ScheduleConfig
     data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
     objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
+    rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo) RolloutConfig
 
 ``train_config(mapping, kind)`` checks every key and value (unknown keys are refused naming
 the nearest valid one) and every local path, and returns a ``TrainConfig``.
@@ -29,11 +31,14 @@ from dew.recipes.builder import (
     schedule_config,
 )
 from dew.recipes.references import local_path
+from dew.recipes.rollout_config import RolloutConfig, rollout_config
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
 from dew.recipes.stages import GRPOLoss
 
 KINDS = ("lm", "sft", "dpo", "grpo")
-SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective")
+#: The kinds that draw their own batches and so take a ``rollout`` section.
+RL_KINDS = ("grpo",)
+SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +226,7 @@ class TrainConfig:
     schedule: ScheduleConfig
     data: Any
     objective: Any
+    rollout: RolloutConfig | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds)."""
@@ -251,6 +257,7 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         data=section(DATA[kind], mapping.get("data"), "data"),
         objective=section(OBJECTIVES[kind], mapping.get("objective"), "objective"),
     )
+    config = dataclasses.replace(config, rollout=_rollout(mapping, kind, config.objective))
     for name in ("data", "model"):
         part = getattr(config, name)
         changes = {}
@@ -262,6 +269,25 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
     return config
 
 
+def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutConfig | None:
+    """The ``rollout`` section of an RL kind (every default when left out), else None."""
+    if kind not in RL_KINDS:
+        if mapping.get("rollout") is not None:
+            raise ConfigError(
+                f"rollout: only {', '.join('dew train ' + k for k in RL_KINDS)} takes it, "
+                f"not 'dew train {kind}'"
+            )
+        return None
+    config = rollout_config(mapping.get("rollout"))
+    if config.is_async and config.max_lag and objective.behavior_importance is None:
+        raise ConfigError(
+            f"objective.behavior_importance: rollout.max_lag {config.max_lag} lets rollouts "
+            "train on older weights, which needs a correction: a TIS cap (a number such as "
+            "2.0) or an IcePop band [low, high]"
+        )
+    return config
+
+
 def _cwd() -> Any:
     from pathlib import Path
 
@@ -270,6 +296,7 @@ def _cwd() -> Any:
 
 __all__ = [
     "KINDS",
+    "RL_KINDS",
     "DPOData",
     "DPOObjectiveConfig",
     "GRPOData",

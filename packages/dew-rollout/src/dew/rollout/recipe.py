@@ -1,0 +1,120 @@
+"""The asynchronous rollout of ``dew train grpo`` and ``dew chain`` (``rollout.mode: async``).
+
+``dew`` does not import ``dew.rollout``: it finds ``build_scheduler`` through the entry point
+``async_rollout`` of the group ``dew.recipes`` (this distribution's ``pyproject.toml``) and
+calls it with what the config resolved to. It builds, closing each through ``stack``:
+
+- the rollout server: ``native``, Dew's continuous-batching ``Server`` on the policy's
+  starting weights behind a ``NativeRolloutServer``, one slot per row; ``vllm`` or
+  ``sglang``, ``dew.rollout.engines.engine_server`` (a running server at ``url``, or one
+  started from ``launch``, its weights pushed by ``publish``);
+- a ``PromptSource`` scoring each finished completion with the reward;
+- a ``RolloutScheduler`` with the section's schedule, its ``WeightJournal`` in
+  ``RUN_DIR/rollout-journal`` (so a killed run resumes exactly: the batches that were in flight
+  are redrawn under the weights they were submitted with) and one JSON line per training
+  batch appended to ``RUN_DIR/rollout.jsonl`` (``SchedulerRecord.as_dict``: ``index``,
+  ``updates``, ``version``, ``lag``, ``waited``, ``pushed``, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+from dew.rollout.native import NativeRolloutServer
+from dew.rollout.scheduler.record import SchedulerRecord
+from dew.rollout.scheduler.scheduler import RolloutScheduler
+from dew.rollout.scheduler.tasks import prompt_tasks
+from dew.rollout.sources.prompt import PromptSource
+
+#: Where the scheduler's journal and records go, under the run directory.
+JOURNAL, RECORDS = "rollout-journal", "rollout.jsonl"
+
+
+def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, seed: int,
+            run_dir: str, stack: contextlib.ExitStack) -> Any:  # fmt: skip
+    """The rollout server the ``engine`` section names, serving ``params`` as version 0."""
+    engine = rollout.engine
+    if engine.kind == "native":
+        from dew.inference import Server
+
+        core = Server(model, params, slots=rows, capacity=model.config.max_seq_len,
+                      sampling=sampling, seed=seed)  # fmt: skip
+        server: Any = NativeRolloutServer(core)
+        stack.callback(server.close)
+        return server
+    from dew.rollout.engines import engine_server  # written beside this module
+
+    return engine_server(engine.kind, url=engine.url, directory=engine.directory,
+                         launch=engine.launch, publish=engine.publish, model=model,
+                         params=params, sampling=sampling, concurrency=rows, run_dir=run_dir,
+                         stack=stack)  # fmt: skip
+
+
+def _records(run_dir: str, stack: contextlib.ExitStack) -> Callable[[SchedulerRecord], None]:
+    os.makedirs(run_dir, exist_ok=True)
+    out = stack.enter_context(open(os.path.join(run_dir, RECORDS), "a", encoding="utf-8"))
+
+    def log(record: SchedulerRecord) -> None:
+        out.write(json.dumps(record.as_dict(), sort_keys=True) + "\n")
+        out.flush()
+
+    return log
+
+
+def build_scheduler(
+    *,
+    objective: Any,
+    model: Any,
+    params: Any,
+    reward: Callable[[str, str, str, str], Any],
+    decode: Callable[[Any], str] | None,
+    rollout: Any,
+    width: int,
+    rows: int,
+    groups: int,
+    max_new_tokens: int,
+    sampling: Any,
+    eos_ids: tuple[int, ...] | None,
+    estimator: str,
+    seed: int,
+    run_dir: str,
+    stack: contextlib.ExitStack,
+    progress: bool | None = None,
+) -> RolloutScheduler:
+    """The ``RolloutScheduler`` of a config's ``rollout`` section (see the module docstring).
+
+    Args:
+      objective: the ``GRPOObjective`` trained (rows ``width`` wide).
+      model, params: the policy's decoder and its starting variables (served as version 0).
+      reward, decode: the config's reward and ids -> text (None: ids separated by spaces).
+      rollout: a ``dew.recipes.rollout_config.RolloutConfig`` in ``mode: async``.
+      width: row width W; rows: rows N per step (prompts x groups); groups: samples per
+        prompt (G); max_new_tokens: the response budget R.
+      sampling: the ``dew.sampling.Sampling`` completions are drawn with.
+      eos_ids: the ids that end a completion (None: none).
+      estimator: the advantage estimator (``group``, ``mean`` or ``rloo``).
+      seed: the run's seed; run_dir: where the journal and records go.
+      stack: closes the server, the source, the records file and the scheduler (in the
+        reverse order) when the run ends, fails or is interrupted.
+    """
+    server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack)
+    source = PromptSource(server, reward, max_new_tokens=max_new_tokens, decode=decode)
+    stack.callback(source.close)
+    log = _records(run_dir, stack)
+    scheduler = RolloutScheduler(
+        objective, source, server, width=width, rows=rows, tasks=prompt_tasks, groups=groups,
+        max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
+        max_attempts=rollout.max_attempts, timeout=rollout.timeout,
+        oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
+        estimator=estimator, eos_ids=eos_ids, seed=seed, log=log,
+        journal=os.path.join(run_dir, JOURNAL), progress=progress,
+    )  # fmt: skip
+    stack.callback(scheduler.close)
+    return scheduler
+
+
+__all__ = ["JOURNAL", "RECORDS", "build_scheduler"]

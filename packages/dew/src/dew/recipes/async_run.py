@@ -1,0 +1,100 @@
+"""Put an asynchronous rollout (``rollout.mode: async``) in place of a GRPO trainer's own.
+
+``dew train grpo`` (``dew.recipes.train``) and a GRPO stage of ``dew chain``
+(``dew.recipes.chain``) build a ``Trainer`` whose rollout is a ``SampledRollout``: it samples
+each batch in the trainer's process, then the trainer updates on it. With ``mode: async``,
+``attach`` replaces that rollout with a ``RolloutScheduler`` from ``dew-rollout`` (found
+through the entry point ``async_rollout`` of the group ``dew.recipes``; ``dew`` never imports
+``dew.rollout``), which draws batches ahead while the trainer updates. The scheduler keeps
+the ``SampledRollout``'s reward, decoding, sampling, groups, response budget and estimator,
+and serves the trainer's starting variables as version 0.
+
+Everything ``attach`` opens (the engine, the reward workers, the scheduler's journal) is
+closed by the caller's ``contextlib.ExitStack``: on a normal end, an error or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from dew.recipes.plugins import load_plugin
+from dew.recipes.rollout_config import RolloutConfig, rollout_config
+from dew.recipes.schema import ConfigError
+
+
+def _eos_ids(sampling: Any) -> tuple[int, ...] | None:
+    eos = getattr(sampling, "eos_id", None)
+    if eos is None:
+        return None
+    return tuple(int(e) for e in eos) if isinstance(eos, tuple | list) else (int(eos),)
+
+
+def attach(
+    trainer: Any,
+    data: Any,
+    config: RolloutConfig,
+    *,
+    batch: int,
+    seed: int,
+    run_dir: str | os.PathLike[str],
+    stack: contextlib.ExitStack,
+    where: str = "rollout",
+) -> Any:
+    """Replace ``trainer.rollout`` (a ``SampledRollout``) with the asynchronous scheduler
+    ``config`` describes, and return ``data`` wrapped so the scheduler sees each batch as the
+    trainer reads it (train on the returned dataset).
+
+    Args:
+      trainer: a ``dew.trainer.Trainer`` built with the stage's ``SampledRollout``.
+      data: the prompts' ``Dataset`` (``Prompts.load(batch)``).
+      config: the ``rollout`` section, ``mode: async``.
+      batch: prompts per step (the scheduler packs ``batch * groups`` rows).
+      seed: the run's seed; run_dir: the run directory (journal and records go there).
+      stack: closes what the scheduler opened.
+      where: the config key named when ``dew-rollout`` is not installed.
+
+    Raises:
+      ConfigError: ``dew-rollout`` is not installed (naming ``where.mode``).
+    """
+    import jax
+
+    build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
+    sampled = trainer.rollout
+    objective = sampled.objective
+    params = jax.device_get(trainer.initial_state().params)
+    scheduler = build(
+        objective=objective, model=objective.model, params=params, reward=sampled.reward,
+        decode=sampled.decode, rollout=config, width=objective.width,
+        rows=batch * sampled.groups, groups=sampled.groups,
+        max_new_tokens=sampled.max_new_tokens, sampling=sampled.sampling,
+        eos_ids=_eos_ids(sampled.sampling), estimator=sampled.estimator, seed=seed,
+        run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress,
+    )  # fmt: skip
+    trainer.rollout = scheduler
+    return scheduler.tasks(data)
+
+
+def stage_rollout(spec: Any, data: Any, where: str) -> RolloutConfig:
+    """The checked ``rollout`` key of a ``dew chain`` stage ``spec`` (errors name
+    ``where.rollout.<key>``): a GRPO stage's only, and in ``mode: async`` with a lag it
+    needs the stage's ``behavior_importance``."""
+    from dew.data.prompts import Prompts
+
+    config = rollout_config(spec.get("rollout"), f"{where}.rollout")
+    if not isinstance(data, Prompts):
+        raise ConfigError(
+            f"{where}.rollout: only a GRPO stage (data type Prompts) takes it, this stage's "
+            f"data is {type(data).__name__}"
+        )
+    if config.is_async and config.max_lag and spec.get("behavior_importance") is None:
+        raise ConfigError(
+            f"{where}.behavior_importance: rollout.max_lag {config.max_lag} lets rollouts "
+            "train on older weights, which needs a correction: a TIS cap (a number such as "
+            "2.0) or an IcePop band [low, high]"
+        )
+    return config
+
+
+__all__ = ["attach", "stage_rollout"]
