@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dew.cli import main
 
@@ -112,35 +113,57 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
-def test_sigkill_after_a_checkpoint_then_resume_is_bit_identical(tmp_path):
-    steps = 6
-    reward = write_files(tmp_path, delay=0.15)
-    full = tmp_path / "full"
-    finish(dew_process(grpo_config(tmp_path, full, reward, steps), tmp_path))
-    run_dir = tmp_path / "killed"
-    config = grpo_config(tmp_path, run_dir, reward, steps)
-    proc = dew_process(config, tmp_path)
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """A run of ``STEPS`` steps left alone: its base folder, reward module and final arrays."""
+    base = tmp_path_factory.mktemp("async_full")
+    reward = write_files(base, delay=0.15)
+    full = base / "full"
+    finish(dew_process(grpo_config(base, full, reward, STEPS), base))
+    return base, reward, final_leaves(full)
+
+
+def interrupt_after_first_checkpoint(base: Path, config: Path, run_dir: Path, sig: int) -> str:
+    """Start ``config``, send ``sig`` once its first checkpoint exists; its stderr."""
+    proc = dew_process(config, base)
     ckpts = run_dir / "checkpoints"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
         if ckpts.exists() and any(n.startswith("step_") for n in os.listdir(ckpts)):
             break
         time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err[-3000:]
     saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
-    assert saved and saved[-1] < f"step_{steps:08d}"
-    out = finish(dew_process(config, tmp_path))
-    assert f"trained to step {steps} ({steps} updates)" in out
-    resumed = records(run_dir)
-    # the killed run's records, then the resumed run's from the batch after its checkpoint
-    assert resumed[-1]["index"] == steps - 1 and resumed[-1]["lag"] == 1
-    a, b = final_leaves(full), final_leaves(run_dir)
-    assert len(a) == len(b) > 2
-    for x, y in zip(a, b):
+    assert saved and saved[-1] < f"step_{STEPS:08d}"
+    return err
+
+
+def resume_and_compare(base: Path, config: Path, run_dir: Path, expected: list) -> None:
+    out = finish(dew_process(config, base))
+    assert f"trained to step {STEPS} ({STEPS} updates)" in out
+    last = records(run_dir)[-1]
+    assert last["index"] == STEPS - 1 and last["lag"] == 1
+    got = final_leaves(run_dir)
+    assert len(got) == len(expected) > 2
+    for x, y in zip(expected, got):
         assert x.dtype == y.dtype and np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "sigint"])
+def test_a_stopped_run_resumes_to_bit_identical_arrays(uninterrupted, sig):
+    base, reward, expected = uninterrupted
+    run_dir = base / f"stopped_{int(sig)}"
+    config = grpo_config(base, run_dir, reward, STEPS)
+    err = interrupt_after_first_checkpoint(base, config, run_dir, sig)
+    if sig == signal.SIGINT:  # the engine, reward workers and journal closed: one line, no trace
+        assert "Traceback" not in err and "dew: SIGINT: stopped after step" in err
+    resume_and_compare(base, config, run_dir, expected)
 
 
 CHAIN = """output: chain
