@@ -180,3 +180,17 @@ def test_a_chain_stage_names_its_rollout_keys(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"dew: error: {message}"), err
     assert not (tmp_path / "out").exists()
+
+
+def test_async_without_dew_rollout_names_the_key_and_the_distribution(prompts, capsys, monkeypatch):
+    import dew.recipes.plugins
+
+    monkeypatch.setattr(dew.recipes.plugins, "entry_points", lambda **kw: [])
+    path = prompts / "async.json"
+    path.write_text(json.dumps(grpo(prompts, {"mode": "async"}, behavior_importance=2.0)))
+    assert main(["train", "grpo", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "dew: error: rollout.mode: needs the dew-rollout distribution"
+    ), err
+    assert not (prompts / "run" / "config.json").exists()
