@@ -46,9 +46,10 @@ FAULTS = ("500", "timeout", "malformed", "success_false", "slow", "400")
 
 
 class FakeEngine:
-    """A threaded HTTP server with JSON routes, a call log and per-route faults."""
+    """A threaded HTTP server with JSON routes, a call log and per-route faults, on `port`
+    of 127.0.0.1 (0: a free one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.routes: dict[str, Handler] = {}
         self.calls: list[tuple[str, dict[str, str], dict[str, Any]]] = []
         self.faults: dict[str, tuple[str, float]] = {}
@@ -85,7 +86,7 @@ class FakeEngine:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler_)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler_)
         self.server.daemon_threads = True
         self.server.block_on_close = False  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -293,8 +294,8 @@ class FakeVLLM(FakeEngine):
 class FakeSGLang(FakeEngine):
     """SGLang's completions route and `/update_weights_from_disk`."""
 
-    def __init__(self, vocab: int = 64) -> None:
-        super().__init__()
+    def __init__(self, vocab: int = 64, port: int = 0) -> None:
+        super().__init__(port)
         self.vocab = vocab
         self.loads: list[dict[str, Any]] = []
         self.routes.update(

@@ -13,11 +13,15 @@ use to reach it); `HarborSource` runs each sample as one Harbor trial through th
 
 Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
 reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
-(a version that moves only when a push and its stamp both succeed). Nothing in `dew`
-imports this package.
+(a version that moves only when a push and its stamp both succeed).
+
+Engines: `engine_server` starts (`launch_engine`) or joins a vLLM or SGLang engine and
+returns an `OpenAIRolloutServer` with its weight pushes wired. Nothing in `dew` imports
+this package.
 """
 
 from dew.rollout.draw import Draw, RolloutServer
+from dew.rollout.engines import engine_server
 from dew.rollout.errors import (
     EngineError,
     EngineHTTPError,
@@ -30,6 +34,7 @@ from dew.rollout.errors import (
 )
 from dew.rollout.gateway import Gateway, GatewayError, GatewayNotReady
 from dew.rollout.harbor import HarborSource
+from dew.rollout.launch import EngineExited, launch_engine
 from dew.rollout.native import NativeRolloutServer, ServerClosed
 from dew.rollout.nccl import NCCLPush
 from dew.rollout.nccl_library import CtypesNCCL, NCCLError, NCCLLibrary
@@ -51,6 +56,7 @@ __all__ = [
     "CtypesNCCL",
     "Draw",
     "EngineError",
+    "EngineExited",
     "EnvironmentSource",
     "EngineHTTPError",
     "EngineRefused",
@@ -81,6 +87,8 @@ __all__ = [
     "ServerClosed",
     "VLLMGenerateServer",
     "WeightJournal",
+    "engine_server",
+    "launch_engine",
     "prompt_task",
     "prompt_tasks",
     "task_ids",

