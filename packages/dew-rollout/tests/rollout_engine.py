@@ -135,10 +135,13 @@ class VLLMEngine:
         stop(self.process, grace=30)
 
 
-def prompt_log_probs(url: str, prompt: list[int], timeout: float = 120.0) -> np.ndarray:
-    """The engine's log-probability of each prompt id after the first, float32 `[P-1]`."""
+def prompt_log_probs(
+    url: str, prompt: list[int], timeout: float = 120.0, name: str = SERVED_NAME
+) -> np.ndarray:
+    """The engine's log-probability of each prompt id after the first, float32 `[P-1]`
+    (`name`: the served model)."""
     body: dict[str, Any] = {
-        "model": SERVED_NAME,
+        "model": name,
         "prompt": prompt,
         "max_tokens": 1,
         "prompt_logprobs": 0,
