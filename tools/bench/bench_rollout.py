@@ -108,7 +108,7 @@ def throughput(bench: Bench, rounds: int, python: Path, work: Path) -> None:
     directory = work / "tiny"
     SafetensorsReload(policy, directory, ["http://127.0.0.1:1"]).write()
     served = load_pretrained(directory)
-    engine = VLLMEngine(python, directory, work / "vllm-tiny.log", cpus=bench_cpus())
+    engine = VLLMEngine(python, directory, work / "vllm-tiny", cpus=bench_cpus())
     client = httpx.Client(base_url=engine.url, timeout=600)
     remote = OpenAIRolloutServer(
         OpenAICompletion(SERVED_NAME, client), Sampling(), processed_logprobs=True, concurrency=64
@@ -161,7 +161,7 @@ def publication(bench: Bench, rounds: int, python: Path | None, work: Path) -> N
     reload.write()
     engine = None
     if python is not None:
-        engine = VLLMEngine(python, directory, work / "vllm-big.log", cpus=bench_cpus())
+        engine = VLLMEngine(python, directory, work / "vllm-big", cpus=bench_cpus())
         reload = SafetensorsReload(policy, directory, [engine.url], timeout=600)
     variants = [policy.variables, tiny_variant(policy.variables)]
     version = iter(range(1, 10**6))

@@ -67,10 +67,9 @@ def vllm_engine(
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("vllm")
     directory = root / "policy"
-    engine_log = root / "vllm.log"
     placeholder = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])
     placeholder.write()
-    engine = VLLMEngine(python, directory, engine_log, cpus=engine_cpus())
+    engine = VLLMEngine(python, directory, root, cpus=engine_cpus())
     reload = SafetensorsReload(pretrained, directory, [engine.url], "vllm", timeout=120)
     try:
         yield LiveEngine(engine, reload, directory)

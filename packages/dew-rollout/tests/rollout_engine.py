@@ -12,6 +12,7 @@ after a push.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -23,8 +24,7 @@ import numpy as np
 
 from dew import models
 from dew.models import Pretrained
-from dew.processes import start, stop, wait_ready
-from dew.testing import free_port
+from dew.rollout import launch_engine
 
 REPO = Path(__file__).resolve().parents[3]
 SERVED_NAME = "tiny-qwen3"
@@ -74,14 +74,14 @@ def engine_cpus() -> list[int]:
 
 
 class VLLMEngine:
-    """`python -m vllm.entrypoints.openai.api_server` on 127.0.0.1 over `directory`.
+    """The vLLM CPU engine serving `directory` on 127.0.0.1, started by
+    `dew.rollout.launch_engine` (the flags pushes need, the watchdog that stops it with
+    this process, readiness on `/health`), its output in `run_dir/engine.log`.
 
-    Flags: `--skip-tokenizer-init` (prompts are ids), `--dtype float32`,
-    `--logprobs-mode processed_logprobs` (reported likelihoods are the sampled
-    distribution's; at temperature one without filters they equal the raw ones) and
-    `--enable-scale-out` (the token route). Development routes need
-    `VLLM_SERVER_DEV_MODE=1`; `VLLM_CPU_KVCACHE_SPACE=1` keeps the KV cache at 1 GiB
-    (this model's K and V take 1 KiB per token, so 1 GiB holds a million tokens).
+    Beyond the launcher's flags: `--dtype float32` (the tiny model's compute dtype),
+    `--max-model-len 4096` and `--enable-scale-out` (the token route), with
+    `VLLM_CPU_KVCACHE_SPACE=1` (a 1 GiB KV cache; this model's K and V take 1 KiB per
+    token, so it holds a million tokens) and `VLLM_LOGGING_LEVEL=WARNING`.
 
     cpus: the CPUs the engine may use (`taskset -c`; None: all). While it decodes, vLLM's
     engine core and CPU worker each keep a core busy (the core polls for the worker's
@@ -93,46 +93,28 @@ class VLLMEngine:
         self,
         python: Path,
         directory: Path,
-        log: Path,
+        run_dir: Path,
         startup: float = 600.0,
         cpus: list[int] | None = None,
     ) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        env = {
-            **os.environ,
-            "VLLM_SERVER_DEV_MODE": "1",
-            "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_LOGGING_LEVEL": "WARNING",
+        self.log = Path(run_dir) / "engine.log"
+        self.stack = contextlib.ExitStack()
+        launch = {
+            "python": str(python),
+            "args": ["--enable-scale-out"],
+            "cpus": cpus or None,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
+            "ready_timeout": startup,
         }
-        env.pop("JAX_PLATFORMS", None)
-        command = [
-            str(python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(directory), "--served-model-name", SERVED_NAME,
-            "--skip-tokenizer-init", "--dtype", "float32", "--max-model-len", "4096",
-            "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
-            "--host", "127.0.0.1", "--port", str(self.port),
-        ]  # fmt: skip
-        if cpus:
-            command = ["taskset", "-c", ",".join(map(str, cpus)), *command]
-        self.process = start(command, env=env, log=log)
-        self.started = time.monotonic()
-        try:
-            wait_ready(self.process, self._healthy, startup, log=log, interval=1.0)
-        except BaseException:
-            self.close()
-            raise
-        self.startup_seconds = time.monotonic() - self.started
-
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+        started = time.monotonic()
+        self.url = launch_engine(
+            "vllm", directory, run_dir=run_dir, stack=self.stack, launch=launch,
+            max_model_len=4096, served_name=SERVED_NAME,
+        )  # fmt: skip
+        self.startup_seconds = time.monotonic() - started
 
     def close(self) -> None:
-        stop(self.process, grace=30)
+        self.stack.close()
 
 
 def prompt_log_probs(
