@@ -105,7 +105,8 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
     (("--beta",), "objective.beta", float, "DPO's preference scale", ("dpo",)),
     (("--beta",), "objective.beta", float, "KL coefficient to the starting policy", ("grpo",)),
     (("--reward",), "objective.reward", str,
-     "reward: math, or module:object (a class is made with objective.reward_args)", ("grpo",)),
+     "reward: math, code (programs run by dew-sandbox) or module:object (a class is made "
+     "with objective.reward_args)", ("grpo",)),
     (("--groups",), "objective.groups", int, "completions sampled per prompt (>= 2)", ("grpo",)),
     (("--max-new-tokens",), "objective.max_new_tokens", int, "response budget", ("grpo",)),
     (("--temperature",), "objective.temperature", float,

@@ -86,6 +86,9 @@ class CodeReward:
         python: the interpreter's name or path inside the sandbox.
     """
 
+    #: The prompt fields it cannot score without (front ends refuse prompts that lack them).
+    needs = ("ground_truth",)
+
     def __init__(
         self, fleet: SandboxFleet, all_or_nothing: bool = False, *, python: str = "python3"
     ) -> None:

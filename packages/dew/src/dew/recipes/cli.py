@@ -23,8 +23,9 @@ The config (paths inside it are relative to the config file's directory)::
 give its own ``optimizer`` and ``schedule`` keys, merged over the top-level ones, and each
 stage's schedule spans that stage's steps. ``data.type`` names the dataset class; its other
 keys are that class's keyword arguments (``records`` may be a list of JSON objects).
-``reward`` is ``math`` (``dew.rewards.MathReward``) or ``module:object``, imported with the
-config's directory on ``sys.path``; a class is made with ``reward_args`` as keyword arguments
+``reward`` is ``math`` (``dew.rewards.MathReward``), ``module:object``, imported with the
+config's directory on ``sys.path``, or ``code`` (programs run in ``dew-sandbox``'s fleet, open
+for the whole chain); a class is made with ``reward_args`` as keyword arguments
 (``dew.recipes.references.make_reward``, as ``dew train`` does). When a GRPO stage's prompts
 name a ``tokenizer``, its reward receives the completions decoded to text.
 
@@ -36,6 +37,7 @@ dataset's rows. ``overrides`` (``--set stages.0.steps=10``) change keys before t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -128,8 +130,15 @@ def _check_loss(spec: dict[str, Any], where: str) -> None:
         GRPOLoss(**{key: spec[key] for key in given}).check_loss(lambda key: f"{where}.{key}")
 
 
-def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Any:
-    """Build the ``Recipe`` a YAML or JSON config describes (see the module docstring)."""
+def recipe_from_config(
+    path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    stack: contextlib.ExitStack | None = None,
+) -> Any:
+    """Build the ``Recipe`` a YAML or JSON config describes (see the module docstring).
+
+    ``stack`` keeps open what the stages use while the recipe runs (the fleet of a ``code``
+    reward, refused without one); the caller closes it after ``Recipe.run``."""
     import jax
 
     from dew.recipes.builder import build_model, model_config
@@ -151,7 +160,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     optimizers: dict[str, Any] = {}
     stages = []
     for i, spec in enumerate(stage_specs):
-        stage, optimizer = _stage(config, spec, f"stages.{i}", base, valid)
+        stage, optimizer = _stage(config, spec, f"stages.{i}", base, valid, stack)
         optimizers[stage.name] = optimizer
         stages.append(stage)
     model, pretrained = build_model(model_cfg)
@@ -202,7 +211,12 @@ def _model_spec(config: Mapping[str, Any], base: Path) -> Any:
 
 
 def _stage(
-    config: Mapping[str, Any], spec: Any, where: str, base: Path, valid: Sequence[str]
+    config: Mapping[str, Any],
+    spec: Any,
+    where: str,
+    base: Path,
+    valid: Sequence[str],
+    stack: contextlib.ExitStack | None,
 ) -> tuple[Any, Any]:
     """One checked ``Stage`` of the config and the optimizer built for its steps."""
     from dew.recipes.builder import build_optimizer, optimizer_config, schedule_config
@@ -234,7 +248,7 @@ def _stage(
         spec["rollout"] = stage_rollout(spec, data, where)
     reward, reward_args = spec.pop("reward", None), spec.pop("reward_args", None)
     if reward is not None:
-        reward = make_reward(reward, f"{where}.reward", reward_args)
+        reward = make_reward(reward, f"{where}.reward", reward_args, stack)
     elif reward_args is not None:
         raise ConfigError(f"{where}.reward_args: given without a reward")
     decode = _decoder(data, data_spec, base, f"{where}.data") if reward is not None else None
@@ -357,8 +371,13 @@ def check_chain_output(output: Path, config: Mapping[str, Any]) -> None:
 
 def run_chain(args: argparse.Namespace) -> int:
     """Run the chain of ``args.config``; prints one line per stage."""
+    with contextlib.ExitStack() as stack:  # a code reward's fleet, closed however it ends
+        return _run_chain(args, stack)
+
+
+def _run_chain(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     overrides = getattr(args, "overrides", ())
-    recipe = recipe_from_config(args.config, overrides)
+    recipe = recipe_from_config(args.config, overrides, stack)
     config = load_file(args.config)
     for assignment in overrides:
         apply_override(config, assignment)

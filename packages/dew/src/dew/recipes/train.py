@@ -184,8 +184,11 @@ def _reward_object(spec: str) -> Any:
     return load_reward(spec, "objective.reward")
 
 
-def prepare(config: TrainConfig) -> Prepared:
-    """Read the data, build the model, the objective and (GRPO) the rollout."""
+def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> Prepared:
+    """Read the data, build the model, the objective and (GRPO) the rollout.
+
+    ``stack`` holds what must stay open while the run trains and be closed after it (the
+    sandbox fleet of ``objective.reward: code``, which needs one)."""
     readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data}
     tokenizer = getattr(config.data, "tokenizer", None)
     if tokenizer is not None:  # a missing directory or failed Hub lookup, named by its key
@@ -214,7 +217,7 @@ def prepare(config: TrainConfig) -> Prepared:
     if config.kind == "grpo":
         _on_path()
         reward = make_reward(
-            config.objective.reward, "objective.reward", config.objective.reward_args
+            config.objective.reward, "objective.reward", config.objective.reward_args, stack
         )
         if config.data.tokenizer is not None:
             from dew.data.chat.template import load_chat_tokenizer
@@ -315,12 +318,19 @@ def write_config(config: TrainConfig) -> None:
 
 
 def run_train(config: TrainConfig) -> Any:
-    """Train ``config`` to ``config.run.steps`` (resuming when it can); the final state."""
+    """Train ``config`` to ``config.run.steps`` (resuming when it can); the final state.
+
+    What the run holds open (a ``code`` reward's sandbox fleet) is closed when it returns or
+    raises."""
+    with contextlib.ExitStack() as stack:
+        return _train(config, prepare(config, stack))
+
+
+def _train(config: TrainConfig, prepared: Prepared) -> Any:
     import jax
 
     from dew.trainer import Trainer
 
-    prepared = prepare(config)
     config = dataclasses.replace(
         config, model=dataclasses.replace(config.model, vocab_size=prepared.vocab_size)
     )

@@ -178,8 +178,9 @@ class DPOObjectiveConfig:
 
 @dataclasses.dataclass(frozen=True)
 class GRPOObjectiveConfig(GRPOLoss):
-    """The rollout and loss of GRPO: ``reward`` is ``math`` or ``module:object`` (a class is
-    made with ``reward_args`` as keyword arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
+    """The rollout and loss of GRPO: ``reward`` is ``math``, ``code`` (``dew-sandbox``'s fleet,
+    set up by ``reward_args``) or ``module:object`` (a class is made with ``reward_args`` as
+    keyword arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
     the advantage estimator (``group``, ``mean`` or ``rloo``); the loss keys (``policy_loss``,
     ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
     ``sequence_mask``, ``geometric_mask``) are ``dew.recipes.stages.GRPOLoss``'s."""
