@@ -144,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = train.add_subparsers(dest="kind", required=True, metavar="KIND")
     for kind in ("lm", "sft", "dpo", "grpo"):
         _add_train_kind(kinds, kind)
+    from dew.recipes.flow_cli import add_flow_kind
+
+    add_flow_kind(kinds)  # ``dew train flow`` (dew-flow, through an entry point)
     from dew.recipes.cli import add_chain_command
 
     add_chain_command(commands)  # ``dew chain CONFIG`` (dew.recipes.cli)
@@ -211,6 +214,10 @@ def _train(args: argparse.Namespace) -> int:
     from dew.recipes.train import run_train
     from dew.recipes.train_config import train_config
 
+    if args.kind in ("flow", "flow-grpo"):
+        from dew.recipes.flow_cli import run_flow
+
+        return run_flow(train_mapping(args))
     try:
         config = train_config(train_mapping(args), args.kind)
     except ConfigError as err:
