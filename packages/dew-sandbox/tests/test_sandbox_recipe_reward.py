@@ -19,15 +19,16 @@ TINY_MODEL = {"name": "qwen3", "emb_features": 16, "num_layers": 1, "num_heads":
               "mlp_features": 32}  # fmt: skip
 # A word-level vocabulary whose every token is a whole line of a Python block, decoded by
 # concatenation: a random policy writes "```python\n", "pass\n" and "```\n" in random order,
-# so some of its completions are closed blocks that run and print nothing.
-VOCAB = ["```python\n", "```\n", "pass\n", "<unk>"]
+# so some of its completions are closed blocks that run and print nothing (about half of
+# uniformly random 8-token completions; the run samples 24).
+VOCAB = ["```python\n", "```\n", "pass\n"]
 NOTHING = json.dumps([{"stdin": "", "stdout": ""}])
 
 
 def _tokenizer(directory) -> str:
     from tokenizers import Tokenizer, decoders, models
 
-    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="pass\n"))
     tok.decoder = decoders.Fuse()
     os.makedirs(directory, exist_ok=True)
     tok.save(os.path.join(directory, "tokenizer.json"))
