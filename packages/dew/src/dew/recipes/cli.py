@@ -130,11 +130,8 @@ def _check_loss(spec: dict[str, Any], where: str) -> None:
         GRPOLoss(**{key: spec[key] for key in given}).check_loss(lambda key: f"{where}.{key}")
 
 
-def recipe_from_config(
-    path: str | os.PathLike[str],
-    overrides: Sequence[str] = (),
-    stack: contextlib.ExitStack | None = None,
-) -> Any:
+def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
+                       stack: contextlib.ExitStack | None = None) -> Any:  # fmt: skip
     """Build the ``Recipe`` a YAML or JSON config describes (see the module docstring).
 
     ``stack`` keeps open what the stages use while the recipe runs (the fleet of a ``code``
@@ -210,14 +207,8 @@ def _model_spec(config: Mapping[str, Any], base: Path) -> Any:
     return model_spec
 
 
-def _stage(
-    config: Mapping[str, Any],
-    spec: Any,
-    where: str,
-    base: Path,
-    valid: Sequence[str],
-    stack: contextlib.ExitStack | None,
-) -> tuple[Any, Any]:
+def _stage(config: Mapping[str, Any], spec: Any, where: str, base: Path, valid: Sequence[str],
+           stack: contextlib.ExitStack | None) -> tuple[Any, Any]:  # fmt: skip
     """One checked ``Stage`` of the config and the optimizer built for its steps."""
     from dew.recipes.builder import build_optimizer, optimizer_config, schedule_config
     from dew.recipes.chain import Stage
