@@ -19,6 +19,7 @@ calls it with what the config resolved to. It builds, closing each through ``sta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -46,10 +47,12 @@ def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, see
         server: Any = NativeRolloutServer(core)
         stack.callback(server.close)
         return server
-    from dew.rollout.engines import engine_server  # written beside this module
+    from dew.rollout.engines import engine_server
 
+    # engine_server checks a launch mapping itself (resolving a virtualenv's interpreter)
+    launch = None if engine.launch is None else dataclasses.asdict(engine.launch)
     return engine_server(engine.kind, url=engine.url, directory=engine.directory,
-                         launch=engine.launch, publish=engine.publish, model=model,
+                         launch=launch, publish=engine.publish, model=model,
                          params=params, sampling=sampling, concurrency=rows, run_dir=run_dir,
                          stack=stack)  # fmt: skip
 

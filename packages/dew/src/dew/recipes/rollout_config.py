@@ -61,7 +61,8 @@ class EngineLaunch:
     """A vLLM or SGLang server that Dew starts and stops with the run.
 
     Attributes:
-      python: the interpreter that runs the engine (a path, or a name on ``PATH``).
+      python: the interpreter that runs the engine: a path to it or to its virtualenv
+        directory (None: the interpreter running Dew).
       args: extra command-line arguments for the engine's server, as a list of strings.
       cpus: CPU cores the engine is pinned to (None: not pinned).
       devices: the accelerators it sees (``CUDA_VISIBLE_DEVICES``, e.g. ``"3"``); None: unset.
@@ -71,7 +72,7 @@ class EngineLaunch:
       max_model_len: the longest row it serves (None: the engine's default).
     """
 
-    python: str = "python"
+    python: str | None = None
     args: Any = ()
     cpus: Any = None
     devices: str | None = None
