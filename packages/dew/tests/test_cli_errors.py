@@ -138,7 +138,7 @@ def test_missing_required_flags(capsys, argv, message):
         (["train", "lm", "--learning-rate", "1e-3"], "dew train lm: error: unrecognized arguments: --learning-rate 1e-3; did you mean --lr?"),
         (["train", "lm", "--num-layers", "2"], "dew train lm: error: unrecognized arguments: --num-layers 2; did you mean --layers?"),
         (["train", "lm", "--steps", "ten"], "dew train lm: error: argument --steps: invalid int value: 'ten' (see 'dew train lm --help')"),
-        (["train", "ppo"], "dew train: error: argument KIND: invalid choice: 'ppo'"),
+        (["train", "rlhf"], "dew train: error: argument KIND: invalid choice: 'rlhf'"),
     ],
 )  # fmt: skip
 def test_bad_command_lines_are_one_line(capsys, argv, message):

@@ -57,7 +57,7 @@ def test_version_names_the_distributions(capsys):
 @pytest.mark.parametrize(
     "command",
     [[], ["train"], ["train", "lm"], ["train", "sft"], ["train", "dpo"], ["train", "grpo"],
-     ["chain"], ["quickstart"]],
+     ["train", "ppo"], ["chain"], ["quickstart"]],
 )  # fmt: skip
 def test_every_help_has_an_example(command, capsys):
     with pytest.raises(SystemExit) as done:

@@ -1,4 +1,4 @@
-"""The ``dew`` command line: ``dew train lm|sft|dpo|grpo``, ``dew chain``, ``dew quickstart``,
+"""The ``dew`` command line: ``dew train lm|sft|dpo|grpo|ppo``, ``dew chain``, ``dew quickstart``,
 ``dew generate`` and ``dew eval`` (``dew.recipes.generate_cli``).
 
 ``dew train KIND`` builds its run from three layers, later ones winning: the defaults of
@@ -36,12 +36,15 @@ _EXAMPLES = {
     "--run-dir runs/dpo --steps 200 --lr 1e-6 --beta 0.1",
     "grpo": "dew train grpo --data prompts.jsonl --tokenizer tok/ --pretrained hf-model/ "
     "--run-dir runs/grpo --steps 100 --reward my_rewards:exact_match",
+    "ppo": "dew train ppo --data prompts.jsonl --tokenizer tok/ --pretrained hf-model/ "
+    "--run-dir runs/ppo --steps 100 --reward my_rewards:exact_match --lam 0.95",
 }
 _DESCRIPTIONS = {
     "lm": "Train a decoder on a flat token file (next-token loss).",
     "sft": "Fine-tune on chat conversations; the loss counts assistant tokens.",
     "dpo": "Direct preference optimisation on prompt/chosen/rejected pairs.",
     "grpo": "GRPO: sample groups of completions per prompt, reward them, update the policy.",
+    "ppo": "PPO: sample completions per prompt, reward them, update the policy and a critic.",
 }
 
 
@@ -136,13 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train = commands.add_parser(
         "train",
-        help="train a model (lm, sft, dpo, grpo)",
+        help="train a model (lm, sft, dpo, grpo, ppo)",
         description="Train a model.",
         epilog=f"example:\n  {_EXAMPLES['sft']}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kinds = train.add_subparsers(dest="kind", required=True, metavar="KIND")
-    for kind in ("lm", "sft", "dpo", "grpo"):
+    for kind in _EXAMPLES:
         _add_train_kind(kinds, kind)
     from dew.recipes.flow_cli import add_flow_kind
 

@@ -1,7 +1,8 @@
-"""Chain SFT, DPO and GRPO stages over one decoder: ``Recipe`` and ``Stage``.
+"""Chain SFT, DPO, GRPO and PPO stages over one decoder: ``Recipe`` and ``Stage``.
 
-Each ``Stage`` names a directory, a dataset and a step count. The dataset's type picks the
-objective:
+Each ``Stage`` names a directory, a dataset and a step count. Unless its ``kind`` says
+otherwise (``lm`` on ``ChatMessages``, ``ppo`` on ``Prompts``: ``dew.recipes.ppo_stage``), the
+dataset's type picks the objective:
 
 =====================  =====================================================================
 ``ChatMessages``       SFT: ``LMObjective(model, data.seq_len, loss_role=Role.ASSISTANT)``
@@ -47,6 +48,7 @@ from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.recipes.rollout_config import RolloutConfig
+from dew.recipes.ppo_stage import PPO_KEYS, checked_options
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
 from dew.sessions.advantages import check_estimator
 
@@ -75,6 +77,16 @@ class Stage(GRPOLoss):
       rollout: GRPO's ``dew.recipes.rollout_config.RolloutConfig`` (None: ``mode: sync``,
         the trainer samples each batch itself); ``mode: async`` draws batches ahead with
         ``dew-rollout``'s ``RolloutScheduler`` (``dew.recipes.async_run``).
+      kind: the stage's objective, ``"lm"``, ``"sft"``, ``"dpo"``, ``"grpo"`` or ``"ppo"``;
+        None (the default) infers it from the dataset (``sft``, ``dpo``, ``grpo``). The
+        dataset must fit: ``ChatMessages`` for lm and sft, ``PreferencePairs`` for dpo,
+        ``Prompts`` for grpo and ppo. After construction it always holds the kind.
+      gamma, lam, value_coefficient, value_clip, critic_from_policy: PPO only
+        (``dew.recipes.ppo_stage``); None keeps PPO's default. A PPO stage samples
+        ``groups`` completions per prompt (the default 4 applies here too), uses
+        ``max_new_tokens``, ``sample``, ``temperature``, ``eos_id``, ``decode``, ``beta``,
+        ``epsilon_low``, ``epsilon_high``, ``dual_clip`` and ``behavior_importance``, and
+        refuses GRPO's other loss keys.
 
     GRPO's loss options are keyword-only fields too, the keys of
     ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
@@ -96,6 +108,12 @@ class Stage(GRPOLoss):
     decode: Callable[[Any], str] | None = None
     estimator: str = "group"
     rollout: Any = None
+    kind: str | None = None
+    gamma: float | None = None
+    lam: float | None = None
+    value_coefficient: float | None = None
+    value_clip: float | None = None
+    critic_from_policy: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or os.sep in self.name:
@@ -111,6 +129,8 @@ class Stage(GRPOLoss):
             raise ValueError(
                 f"Stage.steps ({self.name}): expected a positive int, got {self.steps!r}"
             )
+        object.__setattr__(self, "kind", _kind(self.name, self.data, self.kind))
+        self._check_ppo()
         if isinstance(self.data, Prompts) and self.reward is None:
             raise ValueError(f"Stage.reward ({self.name}): a Prompts (GRPO) stage needs a reward")
         if isinstance(self.data, Prompts):
@@ -171,14 +191,48 @@ class Stage(GRPOLoss):
                 f"got {type(self.decode).__name__}"
             )
 
-    @property
-    def kind(self) -> str:
-        """``"sft"``, ``"dpo"`` or ``"grpo"``, from the dataset type."""
-        if isinstance(self.data, ChatMessages):
-            return "sft"
-        if isinstance(self.data, PreferencePairs):
-            return "dpo"
-        return "grpo"
+    def _check_ppo(self) -> None:
+        """Refuse PPO keys on another kind and GRPO-only loss keys on a PPO stage."""
+        for option in PPO_ONLY:
+            if getattr(self, option) is not None and self.kind != "ppo":
+                raise ValueError(
+                    f"Stage.{option} ({self.name}): only a PPO stage takes it, this stage's "
+                    f"kind is {self.kind}"
+                )
+        if self.kind == "ppo":
+            checked_options(self.ppo_options(), lambda key: f"Stage.{key} ({self.name})")
+            for option in self.changed_loss_options():
+                if option not in PPO_KEYS:
+                    raise ValueError(
+                        f"Stage.{option} ({self.name}): a PPO stage does not take it (PPO's loss "
+                        f"keys: {', '.join(k for k in LOSS_KEYS if k in PPO_KEYS)})"
+                    )
+
+    def ppo_options(self) -> dict[str, Any]:
+        """The options ``build_stage("ppo", ...)`` takes from this stage (unset ones left out)."""
+        given = {"beta": self.beta, "groups": self.groups, "max_new_tokens": self.max_new_tokens,
+                 "temperature": self.temperature, "top_k": self.sample, "eos_id": self.eos_id,
+                 **{key: getattr(self, key) for key in (*PPO_ONLY, *LOSS_KEYS)
+                    if key in PPO_KEYS}}  # fmt: skip
+        return {k: v for k, v in given.items() if v is not None or k in ("dual_clip",)}
+
+
+#: The Stage fields only a PPO stage takes.
+PPO_ONLY = ("gamma", "lam", "value_coefficient", "value_clip", "critic_from_policy")
+
+
+def _kind(name: str, data: Any, kind: str | None) -> str:
+    """A stage's kind: ``kind`` checked against the dataset, or the dataset's first kind."""
+    allowed = ("sft", "lm") if isinstance(data, ChatMessages) else ("dpo",) if isinstance(
+        data, PreferencePairs) else ("grpo", "ppo")  # fmt: skip
+    if kind is None:
+        return allowed[0]
+    if kind not in allowed:
+        raise ValueError(
+            f"Stage.kind ({name}): expected {' or '.join(allowed)} for "
+            f"{type(data).__name__} data, got {kind!r}"
+        )
+    return kind
 
 
 @dataclass
@@ -234,12 +288,15 @@ class Recipe:
             )
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
-        """The objective and rollout (None unless GRPO) a stage trains with."""
-        data = stage.data
+        """The objective and rollout (None unless GRPO or PPO) a stage trains with."""
+        data, kind = stage.data, str(stage.kind)  # __post_init__ resolved the kind
         options: dict[str, Any] = {}
         if stage.kind == "dpo":
             options = {"beta": stage.beta, "nll_weight": stage.nll_weight}
             width = data.seq_len
+        elif stage.kind == "ppo":
+            options = stage.ppo_options()
+            width = data.max_prompt_len + stage.max_new_tokens
         elif stage.kind == "grpo":
             options = {"beta": stage.beta, "groups": stage.groups,
                        "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
@@ -249,7 +306,7 @@ class Recipe:
             width = data.max_prompt_len + stage.max_new_tokens
         else:  # the SFT row is seq_len + 1 ids wide
             width = data.seq_len + 1
-        return build_stage(stage.kind, self.model, width, options, pretrained=start,
+        return build_stage(kind, self.model, width, options, pretrained=start,
                            reward=stage.reward, decode=stage.decode,
                            where=f"Stage ({stage.name})")  # fmt: skip
 
@@ -288,6 +345,8 @@ class Recipe:
             states.append(state)
             # host copy: the next stage's compiled steps donate their own device buffers
             start = jax.device_get(state.params)
+            policy_of = getattr(objective, "policy_variables", None)  # PPO: drop the critic
+            start = start if policy_of is None else policy_of(start)
         return states
 
 

@@ -1,4 +1,4 @@
-"""The stage factory: a stage kind and its options -> the objective and (GRPO) the rollout.
+"""The stage factory: a stage kind and its options -> the objective and (RL) the rollout.
 
 Both front ends go through ``build_stage``: ``dew train`` (``dew.recipes.train``, options
 from the ``objective`` section) and ``dew chain`` / ``Recipe`` (``dew.recipes.chain``,
@@ -12,6 +12,9 @@ grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``
            ``rloo``) and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
            ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
            ``sequence_mask``, ``geometric_mask``)
+ppo        ``dew.recipes.ppo_stage.PPO_KEYS``: GRPO's rollout keys (``groups`` defaults to
+           1), ``gamma``, ``lam``, ``value_coefficient``, ``value_clip``, the clip keys
+           and ``critic_from_policy`` (see ``dew.recipes.ppo_stage``)
 =========  =========================================================================
 
 The rollout corrections are tuple-valued: ``behavior_importance`` is a TIS cap (one number)
@@ -33,9 +36,10 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dew.recipes.ppo_stage import PPO_KEYS, build_ppo
 from dew.recipes.schema import ConfigError, check_value, unknown_key
 
-KINDS = ("lm", "sft", "dpo", "grpo")
+KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 DEFAULT_DPO_BETA = 0.1
 DEFAULT_GRPO_BETA = 0.0
 
@@ -95,6 +99,7 @@ OPTION_KEYS = {
     "sft": ("all_tokens", "ema_decay"),
     "dpo": ("beta", "nll_weight"),
     "grpo": ("beta", *ROLLOUT_KEYS, *LOSS_KEYS),
+    "ppo": PPO_KEYS,
 }
 
 
@@ -110,7 +115,7 @@ def build_stage(
     where: str = "objective",
 ) -> tuple[Any, Any]:
     """The objective of a ``kind`` stage over rows of ``width`` ids (it predicts
-    ``width - 1``), and its rollout (None unless GRPO, which needs ``reward``).
+    ``width - 1``), and its rollout (None unless GRPO or PPO, which need ``reward``).
 
     ``options`` holds the kind's keys (``OPTION_KEYS``); a key left out takes the default, an
     unknown one is refused naming ``where``.
@@ -121,6 +126,9 @@ def build_stage(
         if key not in OPTION_KEYS[kind]:
             raise unknown_key(where, str(key), OPTION_KEYS[kind])
     o = dict(options)
+    if kind == "ppo":
+        return build_ppo(model, width, o, pretrained=pretrained, reward=reward, decode=decode,
+                         where=where)  # fmt: skip
     if kind in ("lm", "sft"):
         from dew.data.chat import Role
         from dew.objectives.lm import LMObjective

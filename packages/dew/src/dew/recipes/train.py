@@ -30,7 +30,7 @@ from dew.recipes.builder import build_model, build_optimizer
 from dew.recipes.references import load_reward, make_reward
 from dew.recipes.schema import ConfigError
 from dew.recipes.stages import build_stage
-from dew.recipes.train_config import TrainConfig
+from dew.recipes.train_config import RL_KINDS, TrainConfig
 
 
 @dataclass
@@ -137,7 +137,8 @@ def _grpo_data(config: TrainConfig) -> tuple[Any, int, int]:
     largest = _max_id(prompts.arrays["prompt"])
     if d.tokenizer is None and config.model.vocab_size is None and config.model.pretrained is None:
         raise ConfigError(
-            "model.vocab_size: required for GRPO on token-id prompts without data.tokenizer "
+            f"model.vocab_size: required for {config.kind.upper()} on token-id prompts without "
+            "data.tokenizer "
             f"(the prompts' largest id is {largest})"
         )
     vocab = _vocab(config, prompts, largest)
@@ -185,20 +186,21 @@ def _reward_object(spec: str) -> Any:
 
 
 def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> Prepared:
-    """Read the data, build the model, the objective and (GRPO) the rollout.
+    """Read the data, build the model, the objective and (GRPO, PPO) the rollout.
 
     ``stack`` holds what must stay open while the run trains and be closed after it (the
     sandbox fleet of ``objective.reward: code``, which needs one)."""
-    readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data}
+    readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data,
+               "ppo": _grpo_data}  # fmt: skip
     tokenizer = getattr(config.data, "tokenizer", None)
     if tokenizer is not None:  # a missing directory or failed Hub lookup, named by its key
         from dew.data.chat.template import load_chat_tokenizer
 
         load_chat_tokenizer(tokenizer, "data.tokenizer")
     data, vocab, width = readers[config.kind](config)
-    room = width if config.kind != "grpo" else max(width, _generation_room(config))
+    room = width if config.kind not in RL_KINDS else max(width, _generation_room(config))
     why = None
-    if config.kind == "grpo":
+    if config.kind in RL_KINDS:
         prompt, new = config.data.max_prompt_len, config.objective.max_new_tokens
         why = (f"data.max_prompt_len {prompt} + objective.max_new_tokens {new} need ({room}; "
                "sampling pads each to a power of two, at least 16)")  # fmt: skip
@@ -214,7 +216,7 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
         options.pop("all_tokens")
     reward: Callable[..., float] | None = None
     decode: Callable[[Any], str] | None = None
-    if config.kind == "grpo":
+    if config.kind in RL_KINDS:
         _on_path()
         reward = make_reward(
             config.objective.reward, "objective.reward", config.objective.reward_args, stack
@@ -362,7 +364,10 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
         from dew import models
 
         family = None if config.model.pretrained else config.model.name
-        models.Pretrained.from_model(prepared.model, jax.device_get(state.params),
+        params = jax.device_get(state.params)
+        policy_of = getattr(prepared.objective, "policy_variables", None)  # PPO: drop the critic
+        params = params if policy_of is None else policy_of(params)
+        models.Pretrained.from_model(prepared.model, params,
                                      family=family).save(r.export, dtype=r.export_dtype)  # fmt: skip
         tokenizer = getattr(config.data, "tokenizer", None)
         if tokenizer is not None:  # the exported directory loads on its own

@@ -1,9 +1,9 @@
 """The config of one ``dew train`` run: sections, their keys and the checks run before training.
 
 A train config has seven sections (``kind`` picks the ``data`` and ``objective`` keys), and
-an RL kind (``RL_KINDS``) an eighth, ``rollout`` (``dew.recipes.rollout_config``)::
+a kind of ``ASYNC_KINDS`` an eighth, ``rollout`` (``dew.recipes.rollout_config``)::
 
-    kind: sft                       # lm, sft, dpo or grpo
+    kind: sft                       # lm, sft, dpo, grpo or ppo
     run:       {run_dir: runs/sft, steps: 1000, batch: 8, log_every: 10, ...}   RunConfig
     model:     {name: qwen3, emb_features: 256, ...}       dew.recipes.builder.ModelConfig
     optimizer: {name: adamw, learning_rate: 3e-4, ...}     dew.recipes.builder.OptimizerConfig
@@ -11,6 +11,9 @@ an RL kind (``RL_KINDS``) an eighth, ``rollout`` (``dew.recipes.rollout_config``
     data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
     objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
     rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo) RolloutConfig
+
+PPO reads ``GRPOData`` and its ``objective`` section is
+``dew.recipes.ppo_stage.PPOObjectiveConfig``.
 
 ``train_config(mapping, kind)`` checks every key and value (unknown keys are refused naming
 the nearest valid one) and every local path, and returns a ``TrainConfig``.
@@ -30,14 +33,17 @@ from dew.recipes.builder import (
     optimizer_config,
     schedule_config,
 )
+from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
 from dew.recipes.stages import GRPOLoss
 
-KINDS = ("lm", "sft", "dpo", "grpo")
-#: The kinds that draw their own batches and so take a ``rollout`` section.
-RL_KINDS = ("grpo",)
+KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
+#: The kinds that sample completions of prompts and score them with a reward.
+RL_KINDS = ("grpo", "ppo")
+#: The kinds whose batches a ``rollout`` section may draw ahead (PPO samples in the trainer).
+ASYNC_KINDS = ("grpo",)
 SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout")
 
 
@@ -209,9 +215,9 @@ class GRPOObjectiveConfig(GRPOLoss):
         self.check_loss(lambda key: f"objective.{key}")
 
 
-DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData}
+DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData, "ppo": GRPOData}
 OBJECTIVES = {"lm": LMObjectiveConfig, "sft": LMObjectiveConfig, "dpo": DPOObjectiveConfig,
-              "grpo": GRPOObjectiveConfig}  # fmt: skip
+              "grpo": GRPOObjectiveConfig, "ppo": PPOObjectiveConfig}  # fmt: skip
 PATH_KEYS = {"data": ("tokens", "val_tokens", "path", "val_path", "tokenizer"),
              "model": ("pretrained",), "run": ("run_dir", "export")}  # fmt: skip
 
@@ -272,10 +278,10 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
 
 def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutConfig | None:
     """The ``rollout`` section of an RL kind (every default when left out), else None."""
-    if kind not in RL_KINDS:
+    if kind not in ASYNC_KINDS:
         if mapping.get("rollout") is not None:
             raise ConfigError(
-                f"rollout: only {', '.join('dew train ' + k for k in RL_KINDS)} takes it, "
+                f"rollout: only {', '.join('dew train ' + k for k in ASYNC_KINDS)} takes it, "
                 f"not 'dew train {kind}'"
             )
         return None
@@ -297,6 +303,7 @@ def _cwd() -> Any:
 
 __all__ = [
     "KINDS",
+    "ASYNC_KINDS",
     "RL_KINDS",
     "DPOData",
     "DPOObjectiveConfig",

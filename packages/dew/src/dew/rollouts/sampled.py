@@ -66,6 +66,9 @@ class SampledRollout:
       estimator: ``"group"``, ``"mean"``, ``"rloo"`` or a registered name (as ``pack`` takes
         them: ``dew.rl``'s registry of advantage estimators).
       rescore: recompute ``old_log_probs`` with the objective's own forward pass.
+      baseline: whether the group is the baseline (GRPO: ``groups >= 2``). False lets
+        ``groups`` be 1, for a learner with its own baseline (PPO's critic, which replaces
+        the packed group advantages).
     """
 
     def __init__(
@@ -78,8 +81,12 @@ class SampledRollout:
         decode: Callable[[Any], str] | None = None,
         estimator: str = "group",
         rescore: bool = False,
+        *,
+        baseline: bool = True,
     ) -> None:
-        if not is_int(groups) or groups < 2:
+        if not baseline and (not is_int(groups) or groups < 1):
+            raise ValueError(f"groups: expected a positive integer, got {groups!r}")
+        if baseline and (not is_int(groups) or groups < 2):
             raise ValueError(
                 f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
             )
