@@ -23,6 +23,13 @@ it): with ``enabled`` None the bar is drawn only when stderr is a terminal. When
 
     dew: step 40/100  loss 2.314  tokens/s 1.2e+04  lr 3.00e-04  ETA 0:01:05
 
+The line shows the metrics named in ``keys`` (default: ``loss``; an objective's
+``key_metrics``, e.g. GRPO's ``reward/mean``) that the record holds, then every validation
+metric (``val/...``) it holds::
+
+    dew: step 40/100  loss 0.012  reward/mean 0.375  val/reward 0.5  val/reward_stderr 0.25
+    val/prompts 4  tokens/s 310  ETA 0:00:40
+
 ``update(step, loss)`` is given the loss of a step already fetched to the host: the Trainer
 passes the previous step's loss (the one-step metrics lag), so drawing the bar never waits
 for the device.
@@ -35,6 +42,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} {unit} [{elapsed}{postfix}]"
@@ -117,7 +125,9 @@ class Progress:
         stream: TextIO | None = None,
         enabled: bool | None = None,
         lines: bool | None = None,
+        keys: Sequence[str] = ("loss",),
     ) -> None:
+        self.keys = tuple(keys)
         self.stream = stream if stream is not None else sys.stderr
         isatty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.enabled = isatty if enabled is None else bool(enabled)
@@ -152,7 +162,8 @@ class Progress:
         self._bar.update(step - self._bar.n)
 
     def log(self, record: dict[str, Any]) -> None:
-        """A plain line with the step, loss, tokens/s, learning rate and ETA (no bar only)."""
+        """A plain line with the step, the ``keys`` metrics, the validation metrics, tokens/s,
+        learning rate and ETA (no bar only)."""
         if not self.lines:
             return
         step, now = int(record["step"]), time.perf_counter()
@@ -164,8 +175,9 @@ class Progress:
         done = step - first_step
         eta = (now - first_time) / done * (self.total - step) if done > 0 else float("nan")
         parts = [f"dew: step {step}/{self.total}"]
-        if "loss" in record:
-            parts.append(f"loss {record['loss']:.4g}")
+        shown = [k for k in self.keys if k in record]
+        shown += [k for k in record if k.startswith("val/") and k not in shown]
+        parts += [f"{name} {float(record[name]):.4g}" for name in shown]
         if "tokens_per_s" in record:
             parts.append(f"tokens/s {record['tokens_per_s']:.3g}")
         if "learning_rate" in record:

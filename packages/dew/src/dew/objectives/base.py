@@ -70,6 +70,10 @@ class Objective(Protocol):
     Optional attribute ``token_fields``: the batch columns whose size counts as tokens for
     the ``tokens_per_s`` metric; the first one present in a batch is counted. Without it,
     ``TOKEN_FIELDS`` is used (``token_fields_of``).
+
+    Optional attribute ``key_metrics``: the names of the metrics the console line shows
+    (a tuple of strings, default ``("loss",)``): GRPO and PPO add ``reward/mean``, DPO
+    ``rewards/accuracy`` and ``rewards/margin``.
     """
 
     ema_decay: float | None

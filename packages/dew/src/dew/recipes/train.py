@@ -42,6 +42,7 @@ class Prepared:
     rollout: Any
     model: Any
     vocab_size: int
+    evaluator: Any = None
 
 
 def _max_id(array: Any) -> int:
@@ -231,7 +232,34 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
     objective, rollout = build_stage(config.kind, model, width, options, pretrained=pretrained,
                                      reward=reward, decode=decode)  # fmt: skip
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", vocab))
-    return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab)
+    evaluator = None
+    if config.kind in RL_KINDS and config.data.val_path is not None and reward is not None:
+        evaluator = _held_out_reward(config, model, objective, reward, options["eos_id"])
+    return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab,
+                    evaluator=evaluator)  # fmt: skip
+
+
+def _held_out_reward(
+    config: TrainConfig, model: Any, objective: Any, reward: Any, eos_id: int | None
+) -> Any:
+    """The validation of a GRPO or PPO run: greedy completions of ``data.val_path`` scored
+    by the run's reward (``dew.recipes.reward_eval``)."""
+    from dew.data.prompts import Prompts
+    from dew.recipes.reward_eval import HeldOutReward
+
+    d = config.data
+    tokenizer = None
+    if d.tokenizer is not None:
+        from dew.data.chat.template import load_chat_tokenizer
+
+        tokenizer = load_chat_tokenizer(d.tokenizer, "data.tokenizer")
+    options: dict[str, Any] = {"seed": config.run.seed, "max_prompt_len": d.max_prompt_len}
+    if d.tokenizer is not None:
+        options["tokenizer"] = d.tokenizer
+    return HeldOutReward(model, Prompts(d.val_path, **options), reward,
+                         max_new_tokens=config.objective.max_new_tokens, eos_id=eos_id,
+                         tokenizer=tokenizer,
+                         policy_of=getattr(objective, "policy_variables", None))  # fmt: skip
 
 
 def move_aside(run_dir: str) -> str | None:
@@ -348,7 +376,7 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
                       rollout=prepared.rollout, microbatches=r.microbatches, fsdp=r.fsdp,
                       checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
                       tensorboard=r.tensorboard, trackers=r.tracker_names(),
-                      progress=r.progress)  # fmt: skip
+                      progress=r.progress, evaluator=prepared.evaluator)  # fmt: skip
     with contextlib.ExitStack() as stack:
         data = prepared.data
         if config.rollout is not None and config.rollout.is_async:

@@ -131,19 +131,25 @@ class FitRun:
         self.pending = None
         self.progress.update(number, host["loss"])
         record: dict[str, Any] = {"step": number}
-        if log_now or number == steps:
-            self._log(record, host, number)
-        if eval_now:
+        val: dict[str, Any] = {}
+        if eval_now:  # before the log line, which shows the validation metrics
             for name, value in self.trainer.evaluate(self.state.params, self.data).items():
-                record[f"val/{name}"] = value
+                val[f"val/{name}"] = value
+        if log_now or number == steps:
+            self._log(record, host, number, val)
+        elif val:
+            record.update(val)
+            self.progress.log(record)
         if len(record) > 1 and (log_now or eval_now or number == steps):
             for tracker in self.trackers:
                 tracker.write(record)
         if ckpt_now or number == steps or stopping:
             self.save(number)
 
-    def _log(self, record: dict[str, Any], host: dict[str, float], number: int) -> None:
-        """Add the metrics, throughput and learning rate to ``record`` and show it."""
+    def _log(
+        self, record: dict[str, Any], host: dict[str, float], number: int, val: dict[str, Any]
+    ) -> None:
+        """Add the metrics, throughput, learning rate and ``val`` to ``record``; show it."""
         now = time.perf_counter()
         record.update(host)
         record["tokens_per_s"] = self.tokens / max(now - self.t_last, 1e-9)
@@ -151,4 +157,5 @@ class FitRun:
         lr = self.trainer._learning_rate(self.state, number)
         if lr is not None:
             record["learning_rate"] = lr
+        record.update(val)
         self.progress.log(record)

@@ -74,7 +74,12 @@ class Trainer:
       progress: draw a progress bar (``None``: only when stderr is a terminal; otherwise a
         plain line on stderr each time metrics are logged). The bar shows the previous
         step's loss, which the one-step metrics lag has already brought to the host, so
-        drawing it never waits for the device.
+        drawing it never waits for the device. The plain line shows the objective's
+        ``key_metrics`` (metric names; default ``("loss",)``) and every validation metric.
+      evaluator: optional host function ``variables -> {name: float}`` run whenever the
+        validation is due (``fit(eval_every=...)``), after the objective's own ``evaluate``;
+        its metrics join the record as ``val/<name>`` (e.g. a held-out reward of greedy
+        completions, ``dew.recipes.reward_eval.HeldOutReward``).
     """
 
     def __init__(
@@ -93,6 +98,7 @@ class Trainer:
         trackers: Sequence[Any] = (),
         learning_rate: float | Callable[[int], Any] | None = None,
         progress: bool | None = None,
+        evaluator: Callable[[Any], Mapping[str, float]] | None = None,
     ) -> None:
         if not hasattr(objective, "init") or not hasattr(objective, "loss"):
             raise TypeError(
@@ -116,6 +122,7 @@ class Trainer:
             self.tensorboard = True
         self.learning_rate = learning_rate
         self.progress = progress
+        self.evaluator = evaluator
         self.mesh = data_mesh(devices)
         if isinstance(key, jax.Array) and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)
@@ -158,7 +165,16 @@ class Trainer:
     def evaluate(
         self, variables: Any, data: Dataset, key: jax.Array | None = None
     ) -> dict[str, float]:
-        """Validation metrics over every batch of ``data.val`` (empty if there is none)."""
+        """Validation metrics over every batch of ``data.val`` (empty if there is none), and
+        the ``evaluator``'s metrics when it is set."""
+        out = self._evaluate_objective(variables, data, key)
+        if self.evaluator is not None:
+            out.update({name: float(v) for name, v in self.evaluator(variables).items()})
+        return out
+
+    def _evaluate_objective(
+        self, variables: Any, data: Dataset, key: jax.Array | None
+    ) -> dict[str, float]:
         fn = getattr(self.objective, "evaluate", None)
         partition = Partition(jax.process_index(), jax.process_count())
         batches = data.validation(partition)
@@ -220,7 +236,8 @@ class Trainer:
         stream = data.stream(partition, start=position) if start < steps else iter(())
         step_fn = self._step()
         progress = Progress(steps, start, enabled=self.progress if lead else False,
-                            lines=None if lead else False)  # fmt: skip
+                            lines=None if lead else False,
+                            keys=getattr(self.objective, "key_metrics", ("loss",)))  # fmt: skip
         if lead and start > 0 and run_dir is not None and start < steps:
             progress.message(f"dew: resuming from step {start} ({run_dir})")
         run = FitRun(self, data, steps, state, position, run_dir, progress, trackers)

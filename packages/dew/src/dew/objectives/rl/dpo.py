@@ -138,6 +138,9 @@ class DPOObjective:
         each pair's loss (0, the default, is plain DPO).
     """
 
+    #: The metrics the console line shows (``dew.progress.Progress``).
+    key_metrics = ("loss", "rewards/accuracy", "rewards/margin")
+
     def __init__(
         self,
         model: Any,

@@ -84,6 +84,9 @@ class GRPOObjective:
       ema_decay: refused unless it equals the fixed value above.
     """
 
+    #: The metrics the console line shows (``dew.progress.Progress``).
+    key_metrics = ("loss", "reward/mean")
+
     def __init__(
         self,
         model: Any,

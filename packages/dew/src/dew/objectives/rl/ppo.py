@@ -88,6 +88,9 @@ class PPOObjective:
       ema_decay: refused unless it equals the fixed value (1.0 when ``beta > 0``, else None).
     """
 
+    #: The metrics the console line shows (``dew.progress.Progress``).
+    key_metrics = ("loss", "reward/mean", "critic/loss")
+
     def __init__(
         self,
         model: Any,
