@@ -12,6 +12,7 @@ import yaml
 from _chat_tokenizer import CONVERSATIONS, build_tokenizer
 
 from dew.cli import main
+from dew.recipes.generate import load_model
 from dew.recipes.train import run_train
 from dew.recipes.train_config import train_config
 
@@ -66,6 +67,11 @@ def test_train_ppo_checkpoints_the_critic_and_resumes_exactly(files, tmp_path, m
     assert int(resumed.step) == int(whole.step) == 4
     assert set(whole.params["params"]) == {"policy", "critic"}
     a, b = jax.tree.leaves(jax.device_get(resumed.params)), jax.tree.leaves(whole.params)
+    assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    # dew generate / dew eval read the policy half of a PPO run's checkpoint
+    loaded = load_model(str(tmp_path / "whole"))
+    a = jax.tree.leaves(loaded.variables["params"])
+    b = jax.tree.leaves(whole.params["params"]["policy"])
     assert len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 

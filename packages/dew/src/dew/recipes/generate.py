@@ -75,20 +75,29 @@ def _is_run_dir(path: str) -> bool:
     return isinstance(value, dict) and "kind" in value and "run" in value
 
 
-def _policy_variables(model: Any, restored: Any) -> Any:
+def _policy_variables(model: Any, restored: Any, kind: Any = None) -> Any:
     """The ``params`` field of a checkpointed ``TrainState`` (leaves 2.. after ``step`` and
     ``updates``), shaped like ``model``'s variables; refused when the shapes differ. The
-    whole state is read (optimizer state too) and all but the policy is dropped."""
+    whole state is read (optimizer state too) and all but the policy is dropped. A PPO run
+    (``kind == "ppo"``) keeps ``{"params": {"critic": ..., "policy": ...}}``: the critic's
+    leaves (a ``ValueHead`` on the same decoder) come first and are skipped."""
     import jax
 
     from dew.trainer import checkpoint
 
-    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros((1, 1), np.int32)))
+    ids = np.zeros((1, 1), np.int32)
+    abstract = jax.eval_shape(lambda: model.init(jax.random.key(0), ids))
     wanted, treedef = jax.tree.flatten(abstract)
+    first = 2
+    if kind == "ppo":
+        from dew.objectives.rl import ValueHead
+
+        critic = jax.eval_shape(lambda: ValueHead(model).init(jax.random.key(0), ids))
+        first += len(jax.tree.leaves(critic))
     meta = restored.meta
     shapes = [tuple(s) for s in meta["shapes"]]
-    if len(shapes) < 2 + len(wanted) or any(
-        shapes[2 + i] != tuple(leaf.shape) for i, leaf in enumerate(wanted)
+    if len(shapes) < first + len(wanted) or any(
+        shapes[first + i] != tuple(leaf.shape) for i, leaf in enumerate(wanted)
     ):
         raise ConfigError(
             f"MODEL: checkpoint {restored.path} does not hold the weights of the model its "
@@ -97,7 +106,7 @@ def _policy_variables(model: Any, restored: Any) -> Any:
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     template = [jax.ShapeDtypeStruct(s, np.dtype(d)) for s, d in zip(shapes, meta["dtypes"])]
     leaves = checkpoint.restore_into(template, [device] * len(template), restored)
-    return jax.tree.unflatten(treedef, leaves[2 : 2 + len(wanted)])
+    return jax.tree.unflatten(treedef, leaves[first : first + len(wanted)])
 
 
 def _load_run(run_dir: str) -> tuple[Any, Any, str | None, str]:
@@ -111,7 +120,7 @@ def _load_run(run_dir: str) -> tuple[Any, Any, str | None, str]:
             f"MODEL: run directory {run_dir} holds no checkpoint (RUN_DIR/checkpoints/step_*)"
         )
     model, _ = build_model(model_config(saved.get("model", {}), "MODEL config.json: model"))
-    variables = _policy_variables(model, restored)
+    variables = _policy_variables(model, restored, saved.get("kind"))
     tokenizer = (saved.get("data") or {}).get("tokenizer")
     return model, variables, tokenizer, f"run {run_dir} step {restored.step}"
 
