@@ -56,10 +56,13 @@ def test_train_ppo_checkpoints_the_critic_and_resumes_exactly(files, tmp_path, m
     path = tmp_path / "ppo.yaml"
     path.write_text(yaml.safe_dump(config_mapping(base, tok, tmp_path / "stopped", 4)))
     # the first half through the CLI, stopped at the step-2 checkpoint
-    assert main(["train", "ppo", "--config", str(path), "--set", "run.steps=2"]) == 0
+    # (with a held-out reward of the policy half at step 2)
+    assert main(["train", "ppo", "--config", str(path), "--set", "run.steps=2", "--eval-every",
+                 "2", "--val-data", str(base / "prompts.jsonl")]) == 0  # fmt: skip
     assert (tmp_path / "stopped" / "checkpoints").is_dir()
     records = [json.loads(x) for x in open(tmp_path / "stopped" / "metrics.jsonl")]
     assert [r["step"] for r in records] == [1, 2]
+    assert 0.0 <= records[-1]["val/reward"] <= 1.0 and records[-1]["val/prompts"] == 4
     # the critic learns (a nonzero value loss), so the exact match below needs its checkpoint
     assert all(np.isfinite(r["loss"]) and r["critic/loss"] > 0 for r in records)
     resumed = run_train(train_config(config_mapping(base, tok, tmp_path / "stopped", 4), "ppo"))
