@@ -47,8 +47,8 @@ from dew.checks import is_int
 from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
-from dew.recipes.rollout_config import RolloutConfig
 from dew.recipes.ppo_stage import PPO_KEYS, checked_options
+from dew.recipes.rollout_config import RolloutConfig
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
 from dew.sessions.advantages import check_estimator
 

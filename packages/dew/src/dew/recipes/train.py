@@ -27,10 +27,11 @@ from typing import Any
 
 from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
-from dew.recipes.references import load_reward, make_reward
+from dew.recipes.references import make_reward
 from dew.recipes.schema import ConfigError
 from dew.recipes.stages import build_stage
 from dew.recipes.train_config import RL_KINDS, TrainConfig
+from dew.recipes.train_data import generation_room, on_path, read_data
 
 
 @dataclass
@@ -45,161 +46,18 @@ class Prepared:
     evaluator: Any = None
 
 
-def _max_id(array: Any) -> int:
-    import numpy as np
-
-    return int(np.max(array)) if np.size(array) else -1
-
-
-def _lm_data(config: TrainConfig) -> tuple[Any, int, int]:
-    import numpy as np
-
-    from dew.data import TokenFile
-    from dew.data.tokens import open_tokens
-
-    d = config.data
-    ids = open_tokens(d.tokens, d.token_dtype)
-    if ids.size == 0:
-        raise ConfigError(f"data.tokens: {d.tokens!r} holds no tokens")
-    if np.issubdtype(ids.dtype, np.signedinteger):
-        negative = np.flatnonzero(ids < 0)
-        if negative.size:
-            at = int(negative[0])
-            raise ConfigError(
-                f"data.tokens: {d.tokens!r} holds a negative token id {int(ids[at])} at "
-                f"position {at}; expected ids >= 0"
-            )
-    largest = _max_id(ids)
-    vocab = config.model.vocab_size or largest + 1
-    if largest >= vocab:
-        at = int(np.flatnonzero(ids >= vocab)[0])
-        raise ConfigError(
-            f"data.tokens: {d.tokens!r} holds id {int(ids[at])} at position {at}, outside "
-            f"model.vocab_size {vocab}"
-        )
-    spec = TokenFile(d.tokens, d.seq_len, dtype=d.token_dtype, eos_id=d.eos_id,
-                     seed=config.run.seed, val_path=d.val_tokens, val_batches=d.val_batches)  # fmt: skip
-    return spec.load(batch=config.run.batch), vocab, d.seq_len + 1
-
-
-def _sft_data(config: TrainConfig) -> tuple[Any, int, int]:
-    from dew.data.chat import ChatMessages, Role
-    from dew.data.chat.messages import conversation, read_labeled_rows
-
-    d = config.data
-    spec = ChatMessages(d.path, d.tokenizer, d.seq_len, column=d.column, val_path=d.val_path,
-                        seed=config.run.seed)  # fmt: skip
-    tokenizer = spec.chat_tokenizer()
-    if not config.objective.all_tokens:
-        name, rows, labels = read_labeled_rows(d.path, spec.split, spec.options)
-        for index, raw in enumerate(rows):
-            where = f"{name}: {labels[index]}"
-            messages, _ = conversation(raw, d.column, where)
-            if not any(Role.parse(m["role"]) is Role.ASSISTANT for m in messages):
-                raise ConfigError(
-                    f"{where}: the conversation has no assistant turn, "
-                    "and SFT counts only assistant tokens (pass --all-tokens to count every token)"
-                )
-    return spec.load(config.run.batch), tokenizer.tokenizer.get_vocab_size(), d.seq_len + 1
-
-
-def _train_and_val(loader: Any, config: TrainConfig, **options: Any) -> tuple[Any, Any]:
-    """``loader`` over ``data.path`` and, when set, ``data.val_path`` (else None), each with
-    the run's seed and, when set, ``data.tokenizer``."""
-    d = config.data
-    options["seed"] = config.run.seed
-    if d.tokenizer is not None:
-        options["tokenizer"] = d.tokenizer
-    return loader(d.path, **options), (loader(d.val_path, **options) if d.val_path else None)
-
-
-def _dpo_data(config: TrainConfig) -> tuple[Any, int, int]:
-    from dew.data.preference import PreferencePairs
-
-    d = config.data
-    pairs, val = _train_and_val(PreferencePairs, config, seq_len=d.seq_len)
-    vocab = _vocab(config, pairs, _max_id(pairs.arrays["input_ids"]))
-    return pairs.load(config.run.batch, val=val), vocab, d.seq_len
-
-
-def _grpo_data(config: TrainConfig) -> tuple[Any, int, int]:
-    from dew.data.prompts import Prompts
-
-    d = config.data
-    prompts, val = _train_and_val(Prompts, config, max_prompt_len=d.max_prompt_len)
-    needs = getattr(_reward_object(config.objective.reward), "needs", ())
-    reader = f"objective.reward {config.objective.reward!r}"
-    for key, reader_data in (("data.path", prompts), ("data.val_path", val)):
-        if reader_data is not None:
-            try:
-                reader_data.check_fields(needs, key, reader)
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
-    largest = _max_id(prompts.arrays["prompt"])
-    if d.tokenizer is None and config.model.vocab_size is None and config.model.pretrained is None:
-        raise ConfigError(
-            f"model.vocab_size: required for {config.kind.upper()} on token-id prompts without "
-            "data.tokenizer "
-            f"(the prompts' largest id is {largest})"
-        )
-    vocab = _vocab(config, prompts, largest)
-    width = d.max_prompt_len + config.objective.max_new_tokens
-    return prompts.load(config.run.batch, val=val), vocab, width
-
-
-def _generation_room(config: TrainConfig) -> int:
-    """The positions sampling uses: ``dew.inference`` pads the context and the response budget
-    each to a power of two (at least 16), so the model must cover their sum."""
-    from dew.inference.compiled import bucket
-
-    return bucket(config.data.max_prompt_len) + bucket(config.objective.max_new_tokens)
-
-
-def _vocab(config: TrainConfig, reader: Any, largest: int) -> int:
-    vocab = config.model.vocab_size
-    if vocab is None and config.data.tokenizer is not None:
-        from dew.data.chat.template import load_chat_tokenizer
-
-        vocab = load_chat_tokenizer(
-            config.data.tokenizer, "data.tokenizer"
-        ).tokenizer.get_vocab_size()
-    vocab = vocab or largest + 1
-    if largest >= vocab:
-        raise ConfigError(
-            f"data.path: {config.data.path!r} holds token id {largest}, outside the vocabulary "
-            f"of {vocab}"
-        )
-    return vocab
-
-
-def _on_path() -> None:
-    """The working directory on ``sys.path``: ``--reward my_rewards:f`` finds ./my_rewards.py."""
-    import sys
-
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-
-
-def _reward_object(spec: str) -> Any:
-    """What ``objective.reward`` names (a class or a function), not yet instantiated."""
-    _on_path()
-    return load_reward(spec, "objective.reward")
-
-
 def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> Prepared:
     """Read the data, build the model, the objective and (GRPO, PPO) the rollout.
 
     ``stack`` holds what must stay open while the run trains and be closed after it (the
     sandbox fleet of ``objective.reward: code``, which needs one)."""
-    readers = {"lm": _lm_data, "sft": _sft_data, "dpo": _dpo_data, "grpo": _grpo_data,
-               "ppo": _grpo_data}  # fmt: skip
     tokenizer = getattr(config.data, "tokenizer", None)
     if tokenizer is not None:  # a missing directory or failed Hub lookup, named by its key
         from dew.data.chat.template import load_chat_tokenizer
 
         load_chat_tokenizer(tokenizer, "data.tokenizer")
-    data, vocab, width = readers[config.kind](config)
-    room = width if config.kind not in RL_KINDS else max(width, _generation_room(config))
+    data, vocab, width = read_data(config)
+    room = width if config.kind not in RL_KINDS else max(width, generation_room(config))
     why = None
     if config.kind in RL_KINDS:
         prompt, new = config.data.max_prompt_len, config.objective.max_new_tokens
@@ -218,7 +76,7 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
     reward: Callable[..., float] | None = None
     decode: Callable[[Any], str] | None = None
     if config.kind in RL_KINDS:
-        _on_path()
+        on_path()
         reward = make_reward(
             config.objective.reward, "objective.reward", config.objective.reward_args, stack
         )
