@@ -76,6 +76,18 @@ def attach(
     return scheduler.tasks(data)
 
 
+def finish(trainer: Any, state: Any, run_dir: str | os.PathLike[str]) -> None:
+    """After ``trainer.fit`` returned ``state`` under an attached scheduler: leave the engine
+    serving the trained weights (pushed as the final update's version when it serves an
+    older one) and, on vLLM, write ``RUN_DIR/engine-check.json`` comparing its prompt
+    log-probabilities with Dew's (``dew.rollout.served_check``)."""
+    import jax
+
+    end = load_plugin("finish_rollout", "rollout.mode", "dew-rollout")
+    params = jax.device_get(state.params)
+    end(trainer.rollout, params, int(jax.device_get(state.updates)), os.fspath(run_dir))
+
+
 def stage_rollout(spec: Any, data: Any, where: str) -> RolloutConfig:
     """The checked ``rollout`` key of a ``dew chain`` stage ``spec`` (errors name
     ``where.rollout.<key>``): a GRPO stage's only, and in ``mode: async`` with a lag it
@@ -97,4 +109,4 @@ def stage_rollout(spec: Any, data: Any, where: str) -> RolloutConfig:
     return config
 
 
-__all__ = ["attach", "stage_rollout"]
+__all__ = ["attach", "finish", "stage_rollout"]

@@ -246,6 +246,10 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
         state = trainer.fit(data, steps=r.steps, log_every=r.log_every,
                             eval_every=r.eval_every, run_dir=r.run_dir,
                             resume_from=resume)  # fmt: skip
+        if data is not prepared.data:  # the engine ends serving the trained weights
+            from dew.recipes.async_run import finish
+
+            finish(trainer, state, r.run_dir)
     if r.export:
         from dew import models
 

@@ -1,0 +1,117 @@
+"""``dew train grpo --config`` with ``rollout.engine: {kind: vllm, launch: ...}`` against the
+real vLLM CPU engine (one launch, three to four minutes): Dew writes the starting checkpoint,
+starts the engine, trains one batch ahead with a push before each draw, leaves the engine
+serving the trained weights, and stops it. The engine's prompt log-probabilities for the
+final weights, written to ``RUN_DIR/engine-check.json``, are checked here against Dew's own
+scoring of the final checkpoint, and no engine process may outlive the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from rollout_engine import engine_cpus, score_chains, tiny_pretrained, vllm_python
+
+from dew.recipes.generate import load_model
+
+TOLERANCE = 2e-4  # float32 kernels summed in another order (as test_rollout_vllm_engine.py)
+STEPS = 3
+REWARD = """def even(data_source, completion, ground_truth, extra_info):
+    ids = [int(t) for t in completion.split()]
+    return sum(i % 2 == 0 for i in ids) / max(1, len(ids))
+"""
+
+
+def bf16(variables):
+    return jax.tree.map(lambda x: np.asarray(x).astype(jax.numpy.bfloat16).astype(np.float32),
+                        variables)  # fmt: skip
+
+
+def engine_processes(folder: Path) -> list[int]:
+    """Pids whose command line names ``folder`` (the engine and its watchdog)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(folder).encode() in command and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    python, reason = vllm_python()
+    if python is None:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("vllm_train")
+    start = tiny_pretrained()
+    start.save(base / "start", dtype="float32")
+    rows = [{"prompt": [5 + i, 17, 40 + 3 * i], "ground_truth": "x"} for i in range(8)]
+    (base / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (base / "rewards_vllm_train.py").write_text(REWARD)
+    run_dir = base / "run"
+    launch = {"python": str(python.parent.parent), "cpus": engine_cpus() or None,
+              "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "ready_timeout": 900}  # fmt: skip
+    config = {
+        "run": {"run_dir": str(run_dir), "steps": STEPS, "batch": 2, "log_every": 1,
+                "checkpoint_every": 1, "progress": False},
+        "model": {"pretrained": str(base / "start")},
+        "optimizer": {"name": "adam", "learning_rate": 1e-2},
+        "data": {"path": str(base / "prompts.jsonl"), "max_prompt_len": 4},
+        "objective": {"reward": "rewards_vllm_train:even", "groups": 2, "max_new_tokens": 6,
+                      "behavior_importance": 2.0},
+        "rollout": {"mode": "async", "ahead": 1, "truncation": "score",
+                    "engine": {"kind": "vllm", "launch": launch}},
+    }  # fmt: skip
+    path = base / "grpo.yaml"
+    path.write_text(json.dumps(config))
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
+                           str(path)], cwd=base, env=env, capture_output=True, text=True,
+                          timeout=1500)  # fmt: skip
+    return start, run_dir, done
+
+
+def test_the_command_launches_vllm_trains_ahead_and_stops_it(trained):
+    start, run_dir, done = trained
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"trained to step {STEPS}" in done.stdout
+    assert f"dew: the engine serves version {STEPS};" in done.stdout
+    records = [json.loads(line) for line in open(run_dir / "rollout.jsonl")]
+    assert [r["lag"] for r in records] == [0, 1, 1]
+    pushes = [r["pushed"] for r in records if r["pushed"] is not None and r["pushed"] > 0]
+    assert len(pushes) >= 2, records
+    folder = run_dir / "engine" / "policy"
+    assert (folder / "config.json").exists()
+    assert engine_processes(folder) == [], "an engine process outlived dew train"
+    log = (run_dir / "engine.log").read_text().splitlines()
+    assert log[0].startswith("=== dew: vllm engine launched") and str(folder) in log[0]
+
+
+def test_the_engine_served_the_trained_weights(trained):
+    start, run_dir, done = trained
+    assert done.returncode == 0, done.stderr[-4000:]
+    check = json.loads((run_dir / "engine-check.json").read_text())
+    assert check["version"] == STEPS
+    final = load_model(str(run_dir))
+    ours = score_chains(start, bf16(final.variables), check["ids"])  # the same architecture
+    before = score_chains(start, bf16(start.variables), check["ids"])
+    worst = 0.0
+    for engine, mine, old in zip(check["engine"], ours, before, strict=True):
+        engine = np.asarray(engine, np.float32)
+        np.testing.assert_allclose(engine, mine, atol=TOLERANCE)
+        worst = max(worst, float(np.abs(engine - mine).max()))
+        assert np.abs(engine - old).max() > 10 * TOLERANCE  # training moved what is served
+    assert check["max_abs_difference"] == pytest.approx(worst, abs=1e-6)
+    print(f"engine vs Dew on the final checkpoint: max abs difference {worst:.3g}")
