@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,22 @@ def test_async_without_dew_rollout_names_the_key_and_the_distribution(prompts, c
         "dew: error: rollout.mode: needs the dew-rollout distribution"
     ), err
     assert not (prompts / "run" / "config.json").exists()
+
+
+def test_the_getting_started_async_config_is_a_valid_config(tmp_path, monkeypatch):
+    """The asynchronous config docs/getting-started.md shows passes every check."""
+    import yaml
+
+    page = (Path(__file__).resolve().parents[3] / "docs" / "getting-started.md").read_text()
+    section = page.split("## Asynchronous RL from one config", 1)[1]
+    block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    mapping = yaml.safe_load(block)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "sft-export").mkdir(parents=True)
+    for name in ("prompts.jsonl", "test.jsonl"):
+        (tmp_path / name).write_text("")
+    config = train_config(mapping, "grpo")
+    assert config.rollout.is_async and config.rollout.ahead == 1
+    assert config.rollout.engine.kind == "vllm"
+    assert config.rollout.engine.launch.cpus == (2, 3)
+    assert config.run.eval_every == 20 and config.objective.behavior_importance == 2.0
