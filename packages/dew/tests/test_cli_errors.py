@@ -256,7 +256,7 @@ def test_grpo_settings(work, capsys, tmp_path):
     )
     os.chdir(base)
     for reward, message in [
-        ("nope", "objective.reward: expected 'math' or 'module:object', got 'nope'"),
+        ("nope", "objective.reward: expected 'math', 'code' or 'module:object', got 'nope'"),
         ("no_such_module_x:f", "objective.reward: cannot import module 'no_such_module_x'"),
         ("rewards_err:score", "objective.reward: module 'rewards_err' has no attribute 'score'"),
         ("rewards_err:VALUE", "objective.reward: 'rewards_err:VALUE' is not callable"),
