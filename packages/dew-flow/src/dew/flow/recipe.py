@@ -14,7 +14,6 @@ the labels of step ``i`` come from ``(seed, i)`` and the rollout's keys from the
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -72,23 +71,9 @@ def build(config: FlowConfig) -> tuple[Any, Any]:
 
 def _check_run_dir(config: FlowConfig) -> None:
     """Refuse a run directory whose checkpoints come from another kind, model or data."""
-    from dew.trainer.checkpoint import list_checkpoints
+    from dew.recipes.train import check_same_run
 
-    path = os.path.join(config.run.run_dir, "config.json")
-    if not list_checkpoints(config.run.run_dir) or not os.path.isfile(path):
-        return
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"run.run_dir: {path} is unreadable ({err})") from None
-    new = json.loads(json.dumps(config.as_dict()))
-    changed = [name for name in _SAME if old.get(name) != new.get(name)]
-    if changed:
-        raise ConfigError(
-            f"run.run_dir: {config.run.run_dir} holds a run started with another "
-            f"{' and '.join(changed)}; use a new run directory"
-        )
+    check_same_run(config.run.run_dir, config.as_dict(), _SAME)
 
 
 def train(mapping: Mapping[str, Any]) -> Any:

@@ -21,7 +21,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,9 +168,17 @@ _MAY_CHANGE = ("val_path", "val_tokens", "val_batches")
 
 def check_run_dir(config: TrainConfig) -> None:
     """Refuse a run directory whose checkpoints come from a run of other settings."""
+    check_same_run(config.run.run_dir, config.as_dict(), _SAME, _MAY_CHANGE)
+
+
+def check_same_run(
+    run_dir: str, new: Mapping[str, Any], sections: Sequence[str], may_change: Sequence[str] = ()
+) -> None:
+    """Refuse ``run_dir`` when it holds checkpoints and a ``config.json`` whose ``sections``
+    differ from ``new``'s (a config as plain mappings); keys named in ``may_change`` may
+    differ. The error lists every difference as ``section.key old -> new``."""
     from dew.trainer.checkpoint import list_checkpoints
 
-    run_dir = config.run.run_dir
     path = os.path.join(run_dir, "config.json")
     if not list_checkpoints(run_dir) or not os.path.exists(path):
         return
@@ -179,13 +187,13 @@ def check_run_dir(config: TrainConfig) -> None:
             old = json.load(f)
     except (OSError, ValueError) as err:
         raise ConfigError(f"run.run_dir: {path} is unreadable ({err})") from None
-    new = config.as_dict()
+    new = json.loads(json.dumps(new))  # tuples as the file holds them: lists
     diffs = []
-    for name in _SAME:
+    for name in sections:
         a, b = old.get(name), new.get(name)
         if isinstance(a, dict) and isinstance(b, dict):
             for key in sorted(set(a) | set(b)):
-                if key not in _MAY_CHANGE and a.get(key) != b.get(key):
+                if key not in may_change and a.get(key) != b.get(key):
                     diffs.append(f"{name}.{key} {a.get(key)!r} -> {b.get(key)!r}")
         elif a != b:
             diffs.append(f"{name} {a!r} -> {b!r}")
@@ -267,5 +275,5 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
     return state
 
 
-__all__ = ["Prepared", "check_run_dir", "move_aside", "prepare", "resume_checkpoint",
-           "run_train", "write_config"]  # fmt: skip
+__all__ = ["Prepared", "check_run_dir", "check_same_run", "move_aside", "prepare",
+           "resume_checkpoint", "run_train", "write_config"]  # fmt: skip
