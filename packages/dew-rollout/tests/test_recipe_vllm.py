@@ -1,5 +1,5 @@
 """``dew train grpo --config`` with ``rollout.engine: {kind: vllm, launch: ...}`` against the
-real vLLM CPU engine (one launch, three to four minutes): Dew writes the starting checkpoint,
+real vLLM CPU engine (three launches, a few minutes; a run SIGINTed after its first checkpoint stops its engine and resumes): Dew writes the starting checkpoint,
 starts the engine, trains one batch ahead with a push before each draw, leaves the engine
 serving the trained weights, and stops it. The engine's prompt log-probabilities for the
 final weights, written to ``RUN_DIR/engine-check.json``, are checked here against Dew's own
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -49,22 +51,11 @@ def engine_processes(folder: Path) -> list[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    python, reason = vllm_python()
-    if python is None:
-        pytest.skip(reason)
-    base = tmp_path_factory.mktemp("vllm_train")
-    start = tiny_pretrained()
-    start.save(base / "start", dtype="float32")
-    rows = [{"prompt": [5 + i, 17, 40 + 3 * i], "ground_truth": "x"} for i in range(8)]
-    (base / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (base / "rewards_vllm_train.py").write_text(REWARD)
-    run_dir = base / "run"
+def write_config(base: Path, run_dir: Path, python: Path, steps: int) -> Path:
     launch = {"python": str(python.parent.parent), "cpus": engine_cpus() or None,
               "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "ready_timeout": 900}  # fmt: skip
     config = {
-        "run": {"run_dir": str(run_dir), "steps": STEPS, "batch": 2, "log_every": 1,
+        "run": {"run_dir": str(run_dir), "steps": steps, "batch": 2, "log_every": 1,
                 "checkpoint_every": 1, "progress": False},
         "model": {"pretrained": str(base / "start")},
         "optimizer": {"name": "adam", "learning_rate": 1e-2},
@@ -74,13 +65,40 @@ def trained(tmp_path_factory):
         "rollout": {"mode": "async", "ahead": 1, "truncation": "score",
                     "engine": {"kind": "vllm", "launch": launch}},
     }  # fmt: skip
-    path = base / "grpo.yaml"
+    path = base / f"{run_dir.name}.yaml"
     path.write_text(json.dumps(config))
+    return path
+
+
+def dew_train(config: Path, base: Path) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    done = subprocess.run([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
-                           str(path)], cwd=base, env=env, capture_output=True, text=True,
-                          timeout=1500)  # fmt: skip
-    return start, run_dir, done
+    return subprocess.Popen([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
+                             str(config)], cwd=base, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """The engine's python, a folder with the starting checkpoint, prompts and reward."""
+    python, reason = vllm_python()
+    if python is None:
+        pytest.skip(reason)
+    base = tmp_path_factory.mktemp("vllm_train")
+    start = tiny_pretrained()
+    start.save(base / "start", dtype="float32")
+    rows = [{"prompt": [5 + i, 17, 40 + 3 * i], "ground_truth": "x"} for i in range(8)]
+    (base / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (base / "rewards_vllm_train.py").write_text(REWARD)
+    return python, base, start
+
+
+@pytest.fixture(scope="module")
+def trained(prepared):
+    python, base, start = prepared
+    run_dir = base / "run"
+    proc = dew_train(write_config(base, run_dir, python, STEPS), base)
+    out, err = proc.communicate(timeout=1500)
+    return start, run_dir, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_the_command_launches_vllm_trains_ahead_and_stops_it(trained):
@@ -115,3 +133,31 @@ def test_the_engine_served_the_trained_weights(trained):
         assert np.abs(engine - old).max() > 10 * TOLERANCE  # training moved what is served
     assert check["max_abs_difference"] == pytest.approx(worst, abs=1e-6)
     print(f"engine vs Dew on the final checkpoint: max abs difference {worst:.3g}")
+
+
+def test_sigint_stops_the_engine_keeps_a_checkpoint_and_the_run_resumes(prepared):
+    python, base, _ = prepared
+    run_dir = base / "stopped"
+    config = write_config(base, run_dir, python, STEPS)
+    proc = dew_train(config, base)
+    ckpts = run_dir / "checkpoints"
+    deadline = time.time() + 1200
+    while time.time() < deadline and proc.poll() is None:
+        if ckpts.exists() and any(n.startswith("step_") for n in os.listdir(ckpts)):
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "dew: SIGINT: stopped after step" in err
+    assert engine_processes(run_dir / "engine" / "policy") == [], "SIGINT left the engine running"
+    saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
+    assert saved and saved[-1] < f"step_{STEPS:08d}"
+    out, err = dew_train(config, base).communicate(timeout=1500)
+    assert f"trained to step {STEPS}" in out, err[-3000:]
+    assert f"dew: the engine serves version {STEPS};" in out
+    assert engine_processes(run_dir / "engine" / "policy") == []
+    launches = [line for line in (run_dir / "engine.log").read_text().splitlines()
+                if line.startswith("=== dew: vllm engine launched")]  # fmt: skip
+    assert len(launches) == 2  # the resumed run started its own engine
