@@ -1,9 +1,10 @@
 """``dew train grpo --config`` with ``rollout.engine: {kind: vllm, launch: ...}`` against the
-real vLLM CPU engine (three launches, a few minutes; a run SIGINTed after its first checkpoint stops its engine and resumes): Dew writes the starting checkpoint,
+real vLLM CPU engine (three launches, a few minutes). Dew writes the starting checkpoint,
 starts the engine, trains one batch ahead with a push before each draw, leaves the engine
 serving the trained weights, and stops it. The engine's prompt log-probabilities for the
 final weights, written to ``RUN_DIR/engine-check.json``, are checked here against Dew's own
-scoring of the final checkpoint, and no engine process may outlive the command."""
+scoring of the final checkpoint, and no engine process may outlive the command. A run
+SIGINTed after its first checkpoint stops its engine and resumes with a new one."""
 
 from __future__ import annotations
 
