@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _file_config(path: str) -> dict[str, Any]:
     """A config file's mapping, its relative paths read from the file's directory."""
     from dew.recipes.schema import load_file
+    from dew.recipes.source_config import file_arguments
     from dew.recipes.train_config import PATH_KEYS
 
     config = load_file(path)
@@ -183,6 +184,8 @@ def _file_config(path: str) -> dict[str, Any]:
                 local = base / value
                 if section == "run" or local.exists() or value.startswith("."):
                     values[key] = str(local)
+    if isinstance(source := config.get("source"), dict) and "command" in source:  # its files
+        source["command"] = file_arguments(source["command"], base)
     return config
 
 

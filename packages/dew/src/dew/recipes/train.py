@@ -13,6 +13,9 @@ may change between runs).
 A GRPO config with ``rollout.mode: async`` draws its batches with ``dew-rollout``'s
 ``RolloutScheduler`` (``dew.recipes.async_run.attach``), one or more batches ahead of the
 update; everything it opens is closed when the run ends, fails or is interrupted.
+
+A GRPO config with ``source: {kind: environment}`` trains on tool episodes against a worker
+process instead of prompts (``dew.recipes.environment_run``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ class Prepared:
     model: Any
     vocab_size: int
     evaluator: Any = None
+    #: ``start(run_dir, stack)``, called once the run directory is settled (moved aside,
+    #: checked) and before the first step, to open what lives there (the episode journal)
+    #: inside ``stack``; None: nothing to open.
+    start: Callable[[str, contextlib.ExitStack], None] | None = None
 
 
 def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> Prepared:
@@ -51,6 +58,10 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
 
     ``stack`` holds what must stay open while the run trains and be closed after it (the
     sandbox fleet of ``objective.reward: code``, which needs one)."""
+    if config.source is not None:
+        from dew.recipes.environment_run import prepare_environment
+
+        return Prepared(**prepare_environment(config))
     tokenizer = getattr(config.data, "tokenizer", None)
     if tokenizer is not None:  # a missing directory or failed Hub lookup, named by its key
         from dew.data.chat.template import load_chat_tokenizer
@@ -162,8 +173,8 @@ def resume_checkpoint(run_dir: str, spec: str | None) -> str | None:
     return path
 
 
-_SAME = ("kind", "model", "data")
-_MAY_CHANGE = ("val_path", "val_tokens", "val_batches")
+_SAME = ("kind", "model", "data", "source")
+_MAY_CHANGE = ("val_path", "val_tokens", "val_batches", "journal")
 
 
 def check_run_dir(config: TrainConfig) -> None:
@@ -250,6 +261,8 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
 
             data = attach(trainer, data, config.rollout, batch=r.batch, seed=r.seed,
                           run_dir=r.run_dir, stack=stack)  # fmt: skip
+        if prepared.start is not None:
+            prepared.start(r.run_dir, stack)
         write_config(config)
         state = trainer.fit(data, steps=r.steps, log_every=r.log_every,
                             eval_every=r.eval_every, run_dir=r.run_dir,

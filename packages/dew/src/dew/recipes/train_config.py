@@ -11,6 +11,10 @@ a kind of ``ASYNC_KINDS`` an eighth, ``rollout`` (``dew.recipes.rollout_config``
     data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
     objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
     rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo) RolloutConfig
+    source:    {kind: environment, command: [...], tasks: 100}   (grpo) SourceConfig
+
+A ``source`` of kind ``environment`` (``dew.recipes.source_config``) replaces the ``data``
+section: the run trains on tool episodes against a worker process.
 
 PPO reads ``GRPOData`` and its ``objective`` section is
 ``dew.recipes.ppo_stage.PPOObjectiveConfig``.
@@ -37,6 +41,7 @@ from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
+from dew.recipes.source_config import SourceConfig, source_section
 from dew.recipes.stages import GRPOLoss
 
 KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
@@ -44,7 +49,8 @@ KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 RL_KINDS = ("grpo", "ppo")
 #: The kinds whose batches a ``rollout`` section may draw ahead (PPO samples in the trainer).
 ASYNC_KINDS = ("grpo",)
-SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout")
+SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout",
+            "source")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,10 +240,16 @@ class TrainConfig:
     data: Any
     objective: Any
     rollout: RolloutConfig | None = None
+    #: None: prompts from ``data``; a ``SourceConfig``: tool episodes (``data`` is None).
+    source: SourceConfig | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds)."""
-        return dataclasses.asdict(self)
+        """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds); a
+        config of prompts has no ``source`` entry."""
+        out = dataclasses.asdict(self)
+        if self.source is None:
+            del out["source"]
+        return out
 
 
 def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
@@ -255,18 +267,22 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         objective = mapping.get("objective") or {}
         if isinstance(objective, Mapping) and objective.get("all_tokens"):
             raise ConfigError("objective.all_tokens: only 'dew train sft' takes it")
+    source = source_section(mapping, kind)
     config = TrainConfig(
         kind=kind,
         run=section(RunConfig, mapping.get("run"), "run"),
         model=model_config(mapping.get("model")),
         optimizer=optimizer_config(mapping.get("optimizer")),
         schedule=schedule_config(mapping.get("schedule")),
-        data=section(DATA[kind], mapping.get("data"), "data"),
+        data=None if source else section(DATA[kind], mapping.get("data"), "data"),
         objective=section(OBJECTIVES[kind], mapping.get("objective"), "objective"),
+        source=source,
     )
     config = dataclasses.replace(config, rollout=_rollout(mapping, kind, config.objective))
     for name in ("data", "model"):
         part = getattr(config, name)
+        if part is None:  # no data section: environment episodes
+            continue
         changes = {}
         for key in PATH_KEYS[name]:
             value = getattr(part, key, None)

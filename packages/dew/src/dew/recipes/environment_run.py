@@ -1,0 +1,200 @@
+"""A ``dew train grpo`` run on tool episodes: ``source: {kind: environment}``.
+
+``prepare_environment(config, stack)`` turns a checked config whose ``source`` is a
+``SourceConfig`` into the pieces ``dew.recipes.train`` trains:
+
+- the model, sized for contexts of ``P = source.max_prompt_tokens`` and turns of
+  ``R = objective.max_new_tokens`` ids (``model.vocab_size`` is required unless the model is
+  pretrained: the worker's ids have no other bound);
+- ``GRPOObjective`` over rows ``P + R`` wide (``seq_len = P + R - 1``);
+- the rollout: ``EpisodeRollout`` over ``TextGeneration``, ``objective.groups`` episodes per
+  task and ``K = source.max_turns`` turns, each episode in its own worker process
+  (``dew-sandbox``'s ``subprocess_environment``, found by entry point);
+- the data: ``task_ids(tasks, batch, seed)``, batches of ``{"task_id": [B]}``;
+- ``start``, run once the run directory is settled: it opens ``RUN_DIR/journal`` (an
+  ``EpisodeJournal``, when ``source.journal``) and ``RUN_DIR/episodes.jsonl``, one line per
+  finished episode (``step``, ``task``, ``sample``, ``status``, ``turns``, ``reward``,
+  ``detail``; an episode replayed from the journal after a crash is written again).
+
+The verifier ``outcome`` (``outcome_reward``) reads the worker's verdict: the ``detail`` of a
+completed episode as a finite number. Episodes that did not complete (cut at a budget, an
+error) are masked from the loss and the baseline whatever they score, and get 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import json
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from dew.recipes.references import make_reward
+from dew.recipes.schema import ConfigError
+from dew.recipes.source_config import OUTCOME, SourceConfig
+from dew.recipes.train_config import TrainConfig
+
+
+def outcome_reward(episode: Any) -> float:
+    """The reward the worker reported: a completed episode's ``detail`` as a number.
+
+    Raises:
+      ValueError: a completed episode whose detail is no finite number.
+    """
+    if str(episode.status) != "completed":
+        return 0.0
+    try:
+        reward = float(episode.detail)
+    except ValueError:
+        reward = math.nan
+    if not math.isfinite(reward):
+        raise ValueError(
+            f"source.verifier: {OUTCOME} reads the detail of a completed episode as its reward; "
+            f"episode {episode.id} completed with detail {episode.detail!r}, not a finite number"
+        )
+    return reward
+
+
+def task_ids(tasks: int, batch: int, seed: int) -> Any:
+    """A ``dew.data.Dataset`` of ``{"task_id": [batch]}`` batches over ids ``0..tasks-1``:
+    every epoch is its own permutation (drawn from ``seed`` and the epoch number), and batch
+    ``i`` is positions ``[i * batch, (i + 1) * batch)`` of the endless stream of epochs, so a
+    resumed run seeks straight to its position. Each process reads its share of the rows."""
+    from dew.data import Dataset
+
+    @functools.lru_cache(maxsize=4)
+    def epoch(number: int) -> np.ndarray:
+        return np.random.default_rng([seed, number]).permutation(tasks)
+
+    def rows(index: int) -> np.ndarray:
+        positions = range(index * batch, (index + 1) * batch)
+        return np.asarray([epoch(p // tasks)[p % tasks] for p in positions], np.int64)
+
+    def train(partition: Any, start: int = 0) -> Iterator[dict[str, np.ndarray]]:
+        local = batch // partition.count
+        for index in itertools.count(start):
+            yield {"task_id": rows(index)[partition.index * local : (partition.index + 1) * local]}
+
+    return Dataset(train=train, records=tasks, batch=batch)
+
+
+class EpisodeLog:
+    """The ``record`` callback appending to ``RUN_DIR/episodes.jsonl`` once ``open`` named it
+    (episodes finished before that are not written); the file is created by the first
+    episode and closed when ``stack`` closes."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.file: Any = None
+
+    def open(self, path: str, stack: contextlib.ExitStack) -> None:
+        self.path = path
+        stack.callback(self.close)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.path = self.file = None
+
+    def __call__(self, episode: Any) -> None:
+        if self.path is None:
+            return
+        if self.file is None:
+            self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
+        entry = {"step": episode.id.step, "task": episode.id.task, "sample": episode.id.sample,
+                 "status": str(episode.status), "turns": len(episode.actions),
+                 "reward": episode.reward, "detail": episode.detail}  # fmt: skip
+        self.file.write(json.dumps(entry, sort_keys=True) + "\n")
+        self.file.flush()
+
+
+def _verifier(source: SourceConfig) -> Callable[[Any], float]:
+    if source.verifier == OUTCOME:
+        return outcome_reward
+    from dew.recipes.train_data import on_path
+
+    on_path()
+    return make_reward(source.verifier, "source.verifier")
+
+
+def _environment(source: SourceConfig) -> Any:
+    """``dew-sandbox``'s environment factory for the worker keys of ``source``."""
+    from dew.recipes.plugins import load_plugin
+
+    factory = load_plugin("subprocess_environment", "source.kind", "dew-sandbox")
+    args = {"command": list(source.command), "limits": source.limits, "env": source.env}
+    try:
+        return factory(args)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"source.{err}") from None
+
+
+def _model(config: TrainConfig) -> tuple[Any, Any, int]:
+    from dew.inference.compiled import bucket
+    from dew.recipes.builder import build_model
+
+    s, new = config.source, config.objective.max_new_tokens
+    assert s is not None
+    vocab = config.model.vocab_size
+    if vocab is None and config.model.pretrained is None:
+        raise ConfigError("model.vocab_size: required with source.kind environment (the "
+                          "worker's token ids have no other bound), missing")  # fmt: skip
+    room = bucket(s.max_prompt_tokens) + bucket(new)
+    why = (f"source.max_prompt_tokens {s.max_prompt_tokens} + objective.max_new_tokens {new} "
+           f"need ({room}; sampling pads each to a power of two, at least 16)")  # fmt: skip
+    model, pretrained = build_model(config.model, vocab_size=vocab, max_seq_len=room,
+                                    length_from=why)  # fmt: skip
+    size = getattr(getattr(model, "config", None), "vocab_size", None)
+    return model, pretrained, int(size or vocab or 0)
+
+
+def _unused_reward(*args: Any) -> float:  # build_stage's prompt rollout, never called
+    raise AssertionError("episodes are scored by source.verifier")
+
+
+def prepare_environment(config: TrainConfig) -> dict[str, Any]:
+    """The parts of a run on tool episodes, as ``dew.recipes.train.Prepared``'s keyword
+    arguments: ``data``, ``objective``, ``rollout``, ``model``, ``vocab_size``, ``start``
+    (see the module docstring). Nothing starts yet: the workers start with the episodes."""
+    from dew.inference import TextGeneration
+    from dew.objectives.rl import EpisodeRollout
+    from dew.recipes.stages import build_stage
+    from dew.sampling import Sampling
+
+    source, o = config.source, config.objective
+    assert source is not None
+    environment = _environment(source)
+    verifier = _verifier(source)
+    model, pretrained, vocab = _model(config)
+    width = source.max_prompt_tokens + o.max_new_tokens
+    options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
+    objective, _ = build_stage("grpo", model, width, options, pretrained=pretrained,
+                               reward=_unused_reward)  # fmt: skip
+    log = EpisodeLog()
+    sampling = Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=o.eos_id)
+    rollout = EpisodeRollout(TextGeneration(model), environment, verifier,
+                             source.max_prompt_tokens, o.max_new_tokens, source.max_turns,
+                             o.groups, sampling, estimator=o.estimator, record=log,
+                             progress=config.run.progress)  # fmt: skip
+
+    def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
+        log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
+        if source.journal:
+            from dew.objectives.rl import EpisodeJournal
+
+            rollout.journal = EpisodeJournal(os.path.join(run_dir, "journal"))
+            run_stack.callback(rollout.journal.close)
+            run_stack.callback(setattr, rollout, "journal", None)
+
+    data = task_ids(source.tasks, config.run.batch, config.run.seed)
+    return {"data": data, "objective": objective, "rollout": rollout, "model": model,
+            "vocab_size": vocab, "start": start}  # fmt: skip
+
+
+__all__ = ["EpisodeLog", "outcome_reward", "prepare_environment", "task_ids"]

@@ -1,0 +1,191 @@
+"""The ``source`` section of a ``dew train grpo`` config: where the training episodes come from.
+
+``kind: prompts`` (the default, also when the section is left out) trains on the prompts of
+``data.path``, one completion per sample. ``kind: environment`` trains on multi-turn tool
+episodes against a worker process that speaks ``dew-sandbox``'s JSON-lines protocol
+(``dew.sandbox.SubprocessEnvironment``)::
+
+    source:
+      kind: environment
+      command: [python3, /abs/path/worker.py]   # the worker's argv (no shell)
+      limits: {cpu_seconds: 30, deadline_seconds: 600}   # SandboxLimits keys, per episode
+      env: {LEVEL: hard}        # extra environment variables for the worker
+      tasks: 1000               # task ids 0..999, reshuffled every epoch by run.seed
+      max_turns: 4              # model calls per episode (K)
+      max_prompt_tokens: 64     # the longest context a turn may read (P)
+      verifier: outcome         # or module:object, a function of an Episode
+      journal: true             # RUN_DIR/journal: a killed run resumes its step exactly
+
+``command[0]`` is looked up on ``PATH`` (or, holding a ``/``, taken relative to the working
+directory) and stored as an absolute path; a missing one is refused here, before anything
+starts. The worker runs in a fresh temporary directory, so an argument naming an existing
+file relative to the config file's directory (``dew.cli`` applies ``file_arguments``) or to
+the working directory is stored as an absolute path; other arguments are passed as written. ``verifier: outcome`` scores an episode by the worker's own verdict: the
+``detail`` of its final ``completed`` reply read as a number; ``module:object`` names a
+function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Episode``.
+
+With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
+``objective.reward`` (the verifier scores), needs ``objective.eos_id`` (the id that ends a
+turn) and ``rollout.mode: sync`` (asynchronous episodes are not wired yet).
+
+``source_section(mapping, kind)`` checks the section against the whole config mapping and
+returns a ``SourceConfig`` for ``environment``, None for ``prompts``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from collections.abc import Mapping
+from typing import Any
+
+from dew.checks import is_int
+from dew.recipes.schema import ConfigError, section
+
+SOURCE_KINDS = ("prompts", "environment")
+#: The keys only ``kind: environment`` reads.
+ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
+                    "verifier", "journal")  # fmt: skip
+#: The verifier that reads the worker's own verdict.
+OUTCOME = "outcome"
+
+
+def _count(value: Any, where: str) -> None:
+    if not is_int(value) or value < 1:
+        raise ConfigError(f"{where}: expected an integer >= 1, got {value!r}")
+
+
+def file_arguments(command: Any, base: str | os.PathLike[str]) -> Any:
+    """``command`` with each relative argument that names an existing file under ``base``
+    made absolute (``command[0]`` too when it holds a ``/``); anything else, and a
+    ``command`` that is no list, is returned unchanged."""
+    if not isinstance(command, list | tuple):
+        return command
+    out = list(command)
+    for index, part in enumerate(out):
+        if not isinstance(part, str) or os.path.isabs(part) or (index == 0 and "/" not in part):
+            continue
+        candidate = os.path.join(os.fspath(base), part)
+        if os.path.isfile(candidate):
+            out[index] = os.path.abspath(candidate)
+    return out
+
+
+def resolve_command(command: Any, where: str = "source.command") -> tuple[str, ...]:
+    """``command`` (a nonempty list of strings) with its executable made absolute.
+
+    Raises:
+      ConfigError: not a list of strings, or no executable file by that name (looked up on
+        ``PATH``, or relative to the working directory when it holds a ``/``).
+    """
+    if (
+        not isinstance(command, list | tuple)
+        or not command
+        or not all(isinstance(part, str) and part for part in command)
+    ):
+        raise ConfigError(f"{where}: expected a nonempty list of strings (an argv), got "
+                          f"{command!r}")  # fmt: skip
+    command = file_arguments(command, os.getcwd())
+    program = command[0]
+    if "/" in program:
+        found = os.path.abspath(os.path.expanduser(program))
+        if not (os.path.isfile(found) and os.access(found, os.X_OK)):
+            raise ConfigError(f"{where}: {program!r} is not an executable file")
+    else:
+        which = shutil.which(program)
+        if which is None:
+            raise ConfigError(f"{where}: no executable {program!r} on PATH")
+        found = os.path.abspath(which)
+    return (found, *command[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceConfig:
+    """A checked ``source`` section of kind ``environment`` (see the module docstring).
+
+    ``limits`` and ``env`` are kept as given; ``dew-sandbox``'s factory checks them when the
+    run starts (errors named ``source.limits.<key>``, ``source.env``).
+    """
+
+    kind: str = "prompts"
+    command: Any = None
+    limits: Any = None
+    env: Any = None
+    tasks: Any = None
+    max_turns: int = 4
+    max_prompt_tokens: int = 64
+    verifier: str = OUTCOME
+    journal: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in SOURCE_KINDS:
+            raise ConfigError(
+                f"source.kind: expected one of {', '.join(SOURCE_KINDS)}, got {self.kind!r}"
+            )
+        if self.kind != "environment":
+            return
+        object.__setattr__(self, "command", resolve_command(self.command))
+        for key in ("limits", "env"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, Mapping):
+                raise ConfigError(f"source.{key}: expected a mapping, got {value!r}")
+            object.__setattr__(self, key, None if value is None else dict(value))
+        if self.tasks is None:
+            raise ConfigError("source.tasks: required, missing (how many task ids: 0..N-1)")
+        for key in ("tasks", "max_turns", "max_prompt_tokens"):
+            _count(getattr(self, key), f"source.{key}")
+        if self.verifier != OUTCOME and self.verifier.count(":") != 1:
+            raise ConfigError(
+                f"source.verifier: expected {OUTCOME!r} or 'module:object', got {self.verifier!r}"
+            )
+
+
+def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None:
+    """The ``source`` section of a config of ``kind`` (``mapping`` is the whole config):
+    a ``SourceConfig`` for ``kind: environment``, None for ``prompts`` or no section.
+
+    Raises:
+      ConfigError: an unknown kind or key, a bad value, a key only ``environment`` reads
+        given with ``prompts``, ``source`` on another kind than grpo, or a section of the
+        rest of the config that ``environment`` does not read (see the module docstring).
+    """
+    raw = mapping.get("source")
+    if raw is None:
+        return None
+    config = section(SourceConfig, raw, "source")
+    if config.kind == "prompts":
+        for key in ENVIRONMENT_KEYS:
+            if key in raw:
+                raise ConfigError(f"source.{key}: only source.kind environment reads it (kind "
+                                  "is prompts)")  # fmt: skip
+        return None
+    if kind != "grpo":
+        raise ConfigError(f"source.kind: environment episodes train with 'dew train grpo', "
+                          f"not 'dew train {kind}'")  # fmt: skip
+    _check_rest(mapping)
+    return config
+
+
+def _check_rest(mapping: Mapping[str, Any]) -> None:
+    """Refuse what a config of environment episodes does not read."""
+    if mapping.get("data"):
+        raise ConfigError("data: source.kind environment draws task ids from source.tasks and "
+                          "reads no data section")  # fmt: skip
+    objective = mapping.get("objective") or {}
+    if isinstance(objective, Mapping):
+        for key in ("reward", "reward_args"):
+            if objective.get(key) is not None:
+                raise ConfigError(f"objective.{key}: source.kind environment scores episodes "
+                                  "with source.verifier")  # fmt: skip
+        if objective.get("eos_id") is None:
+            raise ConfigError("objective.eos_id: required with source.kind environment (the "
+                              "id that ends a turn), missing")  # fmt: skip
+    rollout = mapping.get("rollout") or {}
+    if isinstance(rollout, Mapping) and rollout.get("mode", "sync") != "sync":
+        raise ConfigError(f"rollout.mode: source.kind environment collects episodes in the "
+                          f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
+
+
+__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SourceConfig", "file_arguments",
+           "resolve_command", "source_section"]  # fmt: skip
