@@ -227,13 +227,15 @@ def write_config(config: TrainConfig) -> None:
 def run_train(config: TrainConfig) -> Any:
     """Train ``config`` to ``config.run.steps`` (resuming when it can); the final state.
 
-    What the run holds open (a ``code`` reward's sandbox fleet) is closed when it returns or
-    raises."""
+    What the run holds open (a ``code`` reward's sandbox fleet, an asynchronous rollout's
+    engine and scheduler, tool workers) is closed when it returns or raises, the latest
+    opened first."""
     with contextlib.ExitStack() as stack:
-        return _train(config, prepare(config, stack))
+        return _train(config, prepare(config, stack), stack)
 
 
-def _train(config: TrainConfig, prepared: Prepared) -> Any:
+def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack) -> Any:
+    """Train what ``prepare`` built; ``stack`` closes the run's engine, fleet and workers."""
     import jax
 
     from dew.trainer import Trainer
@@ -254,23 +256,23 @@ def _train(config: TrainConfig, prepared: Prepared) -> Any:
                       checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
                       tensorboard=r.tensorboard, trackers=r.tracker_names(),
                       progress=r.progress, evaluator=prepared.evaluator)  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        data = prepared.data
-        if config.rollout is not None and config.rollout.is_async:
-            from dew.recipes.async_run import attach
+    data = prepared.data
+    rollout = config.rollout
+    attached = rollout is not None and rollout.is_async
+    if rollout is not None and attached:
+        from dew.recipes.async_run import attach
 
-            data = attach(trainer, data, config.rollout, batch=r.batch, seed=r.seed,
-                          run_dir=r.run_dir, stack=stack)  # fmt: skip
-        if prepared.start is not None:
-            prepared.start(r.run_dir, stack)
-        write_config(config)
-        state = trainer.fit(data, steps=r.steps, log_every=r.log_every,
-                            eval_every=r.eval_every, run_dir=r.run_dir,
-                            resume_from=resume)  # fmt: skip
-        if data is not prepared.data:  # the engine ends serving the trained weights
-            from dew.recipes.async_run import finish
+        data = attach(trainer, data, rollout, batch=r.batch, seed=r.seed,
+                      run_dir=r.run_dir, stack=stack)  # fmt: skip
+    if prepared.start is not None:
+        prepared.start(r.run_dir, stack)
+    write_config(config)
+    state = trainer.fit(data, steps=r.steps, log_every=r.log_every, eval_every=r.eval_every,
+                        run_dir=r.run_dir, resume_from=resume)  # fmt: skip
+    if attached:  # the engine ends serving the trained weights
+        from dew.recipes.async_run import finish
 
-            finish(trainer, state, r.run_dir)
+        finish(trainer, state, r.run_dir)
     if r.export:
         from dew import models
 
