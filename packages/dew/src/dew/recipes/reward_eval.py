@@ -14,10 +14,12 @@ same numbers whenever it runs (a resumed run reports what an uninterrupted one w
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 
+@dataclasses.dataclass
 class HeldOutReward:
     """Greedy completions of ``prompts`` scored by ``reward``; called with the variables.
 
@@ -34,26 +36,15 @@ class HeldOutReward:
       batch: completions drawn per sampling call.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        prompts: Any,
-        reward: Callable[..., float],
-        *,
-        max_new_tokens: int,
-        eos_id: int | None = None,
-        tokenizer: Any = None,
-        policy_of: Callable[[Any], Any] | None = None,
-        batch: int = 16,
-    ) -> None:
-        self.model = model
-        self.prompts = prompts
-        self.reward = reward
-        self.max_new_tokens = max_new_tokens
-        self.eos_id = eos_id
-        self.tokenizer = tokenizer
-        self.policy_of = policy_of
-        self.batch = batch
+    model: Any
+    prompts: Any
+    reward: Callable[..., float]
+    _: dataclasses.KW_ONLY
+    max_new_tokens: int
+    eos_id: int | None = None
+    tokenizer: Any = None
+    policy_of: Callable[[Any], Any] | None = None
+    batch: int = 16
 
     def __call__(self, variables: Mapping[str, Any]) -> dict[str, float]:
         """``{"reward", "reward_stderr", "prompts"}`` of the policy in ``variables``."""
