@@ -9,13 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dew.cli import main
+from dew.testing import checkpoint_arrays, wait_for_checkpoint
 
 MODEL = {"name": "causal_transformer", "vocab_size": 32, "emb_features": 16, "num_layers": 1,
          "num_heads": 2, "mlp_features": 32}  # fmt: skip
@@ -64,22 +64,6 @@ def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in open(run_dir / "rollout.jsonl")]
 
 
-def final_leaves(run_dir: Path) -> list[np.ndarray]:
-    """Every array of the run's newest checkpoint (step, updates, params, optimizer, RNG)."""
-    import jax
-
-    from dew.trainer import checkpoint
-
-    restored = checkpoint.latest(run_dir)
-    assert restored is not None
-    meta = restored.meta
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    template = [jax.ShapeDtypeStruct(tuple(s), np.dtype(d))
-                for s, d in zip(meta["shapes"], meta["dtypes"])]  # fmt: skip
-    leaves = checkpoint.restore_into(template, [device] * len(template), restored)
-    return [checkpoint.to_host(x) for x in leaves]
-
-
 def test_train_grpo_async_draws_one_batch_ahead(tmp_path, monkeypatch, capsys):
     reward = write_files(tmp_path)
     monkeypatch.chdir(tmp_path)
@@ -123,19 +107,14 @@ def uninterrupted(tmp_path_factory):
     reward = write_files(base, delay=0.15)
     full = base / "full"
     finish(dew_process(grpo_config(base, full, reward, STEPS), base))
-    return base, reward, final_leaves(full)
+    return base, reward, checkpoint_arrays(full)
 
 
 def interrupt_after_first_checkpoint(base: Path, config: Path, run_dir: Path, sig: int) -> str:
     """Start ``config``, send ``sig`` once its first checkpoint exists; its stderr."""
     proc = dew_process(config, base)
     ckpts = run_dir / "checkpoints"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(n.startswith("step_") for n in os.listdir(ckpts)):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be stopped"
+    assert wait_for_checkpoint(proc, run_dir, 240), "the run ended before it could be stopped"
     os.kill(proc.pid, sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err[-3000:]
@@ -149,7 +128,7 @@ def resume_and_compare(base: Path, config: Path, run_dir: Path, expected: list) 
     assert f"trained to step {STEPS} ({STEPS} updates)" in out
     last = records(run_dir)[-1]
     assert last["index"] == STEPS - 1 and last["lag"] == 1
-    got = final_leaves(run_dir)
+    got = checkpoint_arrays(run_dir)
     assert len(got) == len(expected) > 2
     for x, y in zip(expected, got):
         assert x.dtype == y.dtype and np.array_equal(x, y)

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -22,6 +21,7 @@ import pytest
 from rollout_engine import engine_cpus, score_chains, tiny_pretrained, vllm_python
 
 from dew.recipes.generate import load_model
+from dew.testing import wait_for_checkpoint
 
 TOLERANCE = 2e-4  # float32 kernels summed in another order (as test_rollout_vllm_engine.py)
 STEPS = 3
@@ -142,12 +142,7 @@ def test_sigint_stops_the_engine_keeps_a_checkpoint_and_the_run_resumes(prepared
     config = write_config(base, run_dir, python, STEPS)
     proc = dew_train(config, base)
     ckpts = run_dir / "checkpoints"
-    deadline = time.time() + 1200
-    while time.time() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(n.startswith("step_") for n in os.listdir(ckpts)):
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be stopped"
+    assert wait_for_checkpoint(proc, run_dir, 1200), "the run ended before it could be stopped"
     os.kill(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]

@@ -20,6 +20,7 @@ import pytest
 from dew.cli import main
 from dew.recipes.plugins import load_plugin
 from dew.sandbox.episode_recipe import subprocess_environment
+from dew.testing import checkpoint_arrays, wait_for_checkpoint
 
 #: A two-turn tool: ``reset`` shows ``[5, x]`` (``x = 2 + task % 3``); the first turn gets
 #: ``x`` appended to its context as the tool's answer; the second completes the episode with
@@ -148,22 +149,6 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
-def final_leaves(run_dir: Path) -> list[np.ndarray]:
-    """Every array of the run's newest checkpoint (step, updates, params, optimizer, RNG)."""
-    import jax
-
-    from dew.trainer import checkpoint
-
-    restored = checkpoint.latest(run_dir)
-    assert restored is not None
-    meta = restored.meta
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    template = [jax.ShapeDtypeStruct(tuple(s), np.dtype(d))
-                for s, d in zip(meta["shapes"], meta["dtypes"])]  # fmt: skip
-    leaves = checkpoint.restore_into(template, [device] * len(template), restored)
-    return [checkpoint.to_host(x) for x in leaves]
-
-
 STEPS = 4
 #: Each tool step sleeps this long, so a collection takes a moment and the process can be
 #: killed between two checkpoints; the episodes themselves do not depend on time.
@@ -174,18 +159,13 @@ SLOW = {"env": {"WORKER_SLEEP": "0.3"}}
 def test_a_killed_run_resumes_to_bit_identical_arrays(worker, tmp_path) -> None:
     full = tmp_path / "full"
     finish(dew_process(grpo_config(worker, full, STEPS, **SLOW)))
-    expected = final_leaves(full)
+    expected = checkpoint_arrays(full)
 
     run_dir = tmp_path / "killed"
     config = grpo_config(worker, run_dir, STEPS, **SLOW)
     proc = dew_process(config)
     ckpts = run_dir / "checkpoints"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if ckpts.exists() and any(n.startswith("step_") for n in os.listdir(ckpts)):
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be killed"
+    assert wait_for_checkpoint(proc, run_dir, 240), "the run ended before it could be killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=120)
     saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
@@ -197,7 +177,7 @@ def test_a_killed_run_resumes_to_bit_identical_arrays(worker, tmp_path) -> None:
 
     out = finish(dew_process(config))
     assert f"trained to step {STEPS} ({STEPS} updates)" in out
-    got = final_leaves(run_dir)
+    got = checkpoint_arrays(run_dir)
     assert len(got) == len(expected) > 2
     for x, y in zip(expected, got):
         assert x.dtype == y.dtype and np.array_equal(x, y)

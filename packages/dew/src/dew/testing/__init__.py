@@ -8,6 +8,9 @@
   collect what they print; ``join_cpu`` is what each worker calls before using JAX.
 - ``load_script(path)``: an example script loaded as a module, so a test calls its
   functions and sees what they return.
+- ``wait_for_checkpoint(process, run_dir, timeout)`` and ``checkpoint_arrays(run_dir)``
+  (``dew.testing.runs``): stop a run between two checkpoints, and compare the arrays of two
+  runs' newest checkpoints.
 - ``TerminalStream(tty)``: an in-memory stream whose ``isatty()`` says ``tty``, for what is
   drawn only on a terminal.
 
@@ -32,6 +35,7 @@ from dew.testing.processes import (
     process_arguments,
     run_processes,
 )
+from dew.testing.runs import checkpoint_arrays, wait_for_checkpoint
 from dew.testing.scripts import load_script
 from dew.testing.terminal import TerminalStream
 
@@ -64,6 +68,7 @@ __all__ = [
     "ProcessGroupError",
     "TerminalStream",
     "alive",
+    "checkpoint_arrays",
     "cpu_env",
     "free_port",
     "join_cpu",
@@ -71,4 +76,5 @@ __all__ = [
     "process_arguments",
     "run_processes",
     "tiny_decoder",
+    "wait_for_checkpoint",
 ]
