@@ -158,6 +158,7 @@ class FakeVLLM(FakeEngine):
         self.routes.update(
             {
                 "/v1/completions": self.completions,
+                "/v1/models": lambda b, q: (200, {"object": "list", "data": [{"id": "policy"}]}),
                 "/inference/v1/generate": self.generate,
                 "/pause": lambda b, q: self._set_paused(True, q),
                 "/resume": lambda b, q: self._set_paused(False, q),

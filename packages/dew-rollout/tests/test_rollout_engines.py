@@ -17,6 +17,8 @@ import httpx
 import jax
 import numpy as np
 import pytest
+from nccl_fakes import RecordingNCCL
+from rollout_fakes import FakeVLLM
 
 from dew import models
 from dew.models import Pretrained
@@ -177,7 +179,10 @@ def test_refusals_name_their_key(tmp_path, policy):
     base = dict(url=None, directory=None, launch=None, publish="reload", model=policy.model,
                 params=policy.variables, sampling=Sampling(), concurrency=2, run_dir=tmp_path)  # fmt: skip
     cases = [
-        (dict(publish="nccl"), "rollout.engine.publish"),
+        (dict(publish="nccl"), "rollout.engine.nccl_library"),
+        (dict(nccl_library="/l/libnccl.so.2"), "rollout.engine.nccl_library"),
+        (dict(publish="nccl", nccl_library=str(tmp_path / "absent.so")),
+         "rollout.engine.nccl_library"),
         (dict(url="http://127.0.0.1:1", launch={}), "rollout.engine.launch"),
         (dict(url="127.0.0.1:1"), "rollout.engine.url"),
         (dict(url="http://127.0.0.1:1", directory=str(tmp_path)), "rollout.engine.directory"),
@@ -189,6 +194,11 @@ def test_refusals_name_their_key(tmp_path, policy):
             engine_server("vllm", **{**base, **change}, stack=stack)
     with contextlib.ExitStack() as stack, pytest.raises(ConfigError, match="^rollout.engine.kind"):
         engine_server("tgi", **base, stack=stack)
+    with (
+        contextlib.ExitStack() as stack,
+        pytest.raises(ConfigError, match="^rollout.engine.publish"),
+    ):
+        engine_server("sglang", **{**base, "publish": "nccl", "nccl_library": "/l"}, stack=stack)
     assert not (tmp_path / "engine.log").exists()  # nothing was launched
 
 
@@ -207,3 +217,56 @@ def test_a_running_engine_of_another_shape_is_refused(tmp_path, policy):
                       launch=None, publish="reload", model=policy.model,
                       params=policy.variables, sampling=Sampling(), concurrency=2,
                       run_dir=tmp_path, stack=stack)  # fmt: skip
+
+
+def test_nccl_pushes_broadcast_to_a_running_vllm(tmp_path, policy, monkeypatch):
+    """publish nccl on an engine Dew joins: version 0 and each later push go out as NCCL
+    broadcasts through vLLM's weight-transfer routes (a recording library stands in for
+    libnccl: no GPU here), nothing is written to the served directory, and a launched
+    engine would get the flag that turns the routes on."""
+    libraries: list[RecordingNCCL] = []
+
+    def recording(path: str) -> RecordingNCCL:
+        assert path == "/engine/lib/libnccl.so.2"
+        libraries.append(RecordingNCCL())
+        return libraries[-1]
+
+    monkeypatch.setattr("dew.rollout.engines.CtypesNCCL", recording)
+    policy.save(tmp_path / "served")
+    before = sorted(p.name for p in (tmp_path / "served").iterdir())
+    engine = FakeVLLM(vocab=64)
+    try:
+        with contextlib.ExitStack() as stack:
+            server = engine_server(
+                "vllm", url=engine.url, directory=tmp_path / "served", launch=None,
+                publish="nccl", nccl_library="/engine/lib/libnccl.so.2", model=policy.model,
+                params=policy.variables, sampling=Sampling(temperature=0.5), concurrency=2,
+                run_dir=tmp_path / "run", stack=stack,
+            )  # fmt: skip
+            assert engine.version == "0" and server.version == 0
+            changed = jax.tree.map(lambda x: x + 1, policy.variables)
+            server.load(changed, 1)
+            drawn = server.submit(np.array([1, 2, 3], np.int32), 4, seed=1).result(timeout=30)
+        assert engine.version == "1" and drawn.version == 1
+    finally:
+        engine.close()
+    (library,) = libraries
+    (comm,) = library.sent
+    names = [name for info in engine.update_infos for name in info["names"]]
+    assert len(library.sent[comm]) == len(names) and len(names) % 2 == 0  # two pushes
+    export = dict(policy.replace(variables=changed).export("bfloat16"))
+    last = dict(zip(names[len(names) // 2 :], library.sent[comm][len(names) // 2 :], strict=True))
+    assert last.keys() == export.keys()
+    for name, array in last.items():
+        np.testing.assert_array_equal(array, export[name])
+    assert ("abort", comm) in library.events  # the stack closed the group
+    assert sorted(p.name for p in (tmp_path / "served").iterdir()) == before
+    argv = tmp_path / "argv"
+    python = fake_python(tmp_path, f'echo "$@" > {argv}\nexec sleep 600')
+    with contextlib.ExitStack() as stack, pytest.raises(Exception, match="ready"):
+        engine_server("vllm", url=None, directory=None, publish="nccl",
+                      launch={"python": str(python), "ready_timeout": 2},
+                      nccl_library="/engine/lib/libnccl.so.2", model=policy.model,
+                      params=policy.variables, sampling=Sampling(), concurrency=2,
+                      run_dir=tmp_path / "launched", stack=stack)  # fmt: skip
+    assert '--weight-transfer-config {"backend": "nccl"}' in argv.read_text()

@@ -37,9 +37,10 @@ def test_max_lag_defaults_to_the_smallest_the_schedule_allows():
 
 def test_a_launched_engine_is_typed():
     config = rollout_config({"mode": "async", "engine": {"kind": "vllm", "publish": "nccl",
-                             "launch": {"python": "/venv/bin/python", "args": ["--enforce-eager"],
+                             "nccl_library": "/venv/nccl/libnccl.so.2", "launch": {"python": "/venv/bin/python", "args": ["--enforce-eager"],
                                         "cpus": [0, 1], "env": {"VLLM_X": "1"}, "port": 8011}}})  # fmt: skip
     launch = config.engine.launch
+    assert config.engine.nccl_library == "/venv/nccl/libnccl.so.2"
     assert isinstance(launch, EngineLaunch)
     assert launch.args == ("--enforce-eager",) and launch.cpus == (0, 1)
     assert launch.env == {"VLLM_X": "1"} and launch.ready_timeout == 600.0
@@ -80,6 +81,15 @@ BAD = [
      "rollout.engine.launch.port: expected null or a port"),
     ({"mode": "async", "engine": {"kind": "vllm", "launch": {"pyhton": "p"}}},
      "rollout.engine.launch.pyhton: unknown key; did you mean 'python'?"),
+    ({"mode": "async", "engine": {"kind": "vllm", "launch": {}, "publish": "nccl"}},
+     "rollout.engine.nccl_library: expected the path of the engine's libnccl.so.2"),
+    ({"mode": "async", "engine": {"kind": "sglang", "launch": {}, "publish": "nccl",
+                                  "nccl_library": "/l"}}, "rollout.engine.publish: nccl pushes "
+     "follow vLLM's"),
+    ({"mode": "async", "engine": {"kind": "vllm", "launch": {}, "nccl_library": "/l"}},
+     "rollout.engine.nccl_library: only publish nccl reads it (publish is reload)"),
+    ({"mode": "async", "engine": {"nccl_library": "/l"}}, "rollout.engine.nccl_library: the "
+     "native engine"),
 ]  # fmt: skip
 
 

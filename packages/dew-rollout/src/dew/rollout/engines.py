@@ -16,9 +16,14 @@ Two ways in:
   version 0, so nothing is pushed before the first draw.
 
 Draws come through `OpenAIRolloutServer` over `OpenAICompletion` (token ids in and out),
-pushes through `Publication(SafetensorsReload(...))` (publish "reload"). Publish "nccl"
-(`NCCLPush`) is not wired here and is refused. Everything opened (the HTTP client, the
-server, a launched engine) is closed by `stack`, the engine last.
+pushes through `Publication(SafetensorsReload(...))` (publish "reload") or, on vLLM only,
+`Publication(NCCLPush(...))` (publish "nccl": a broadcast from the trainer's GPU over an
+NCCL group the engine joins; a launched engine gets `--weight-transfer-config
+{"backend": "nccl"}`, one Dew joins must have been started with it). NCCL needs
+`nccl_library`, the path of the engine's own `libnccl.so.2` (NCCL refuses a peer of
+another version), and a GPU visible to JAX; without one the push is refused by name
+before anything starts. Everything opened (the HTTP client, the server, the NCCL groups,
+a launched engine) is closed by `stack`, the engine last.
 
 The policy must map onto a Hugging Face architecture the engine loads: Llama, Mistral,
 Qwen2 or Qwen3. A bare module's family is read from its config (`Pretrained.from_model`:
@@ -45,12 +50,16 @@ from dew.models.hf_names import ARCHITECTURES, decoder_config, hf_config
 from dew.recipes.schema import ConfigError
 from dew.rollout.launch import KINDS, SERVED_NAME, launch_engine
 from dew.rollout.likelihood import check_completions
+from dew.rollout.nccl import NCCLPush
+from dew.rollout.nccl_library import CtypesNCCL
 from dew.rollout.openai import OpenAICompletion, OpenAIRolloutServer
 from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.sampling import Sampling
 
 PUBLISH = ("reload", "nccl")
+#: What a launched vLLM engine needs to take NCCL pushes (vLLM 0.32.0's `--weight-transfer-config`).
+NCCL_ARGS = ("--weight-transfer-config", json.dumps({"backend": "nccl"}))
 #: Decoder fields an engine's config.json must agree with the policy on.
 SHAPE = ("vocab_size", "emb_features", "num_layers", "num_heads", "num_kv_heads", "head_dim",
          "mlp_features", "qk_norm", "attention_bias", "tie_embeddings")  # fmt: skip
@@ -122,16 +131,33 @@ def served_name(client: httpx.Client, url: str) -> str:
     return str(names[0])
 
 
-def _check_choice(kind: Any, publish: Any, url: Any, launch: Any) -> None:
+def nccl(path: str) -> CtypesNCCL:
+    """The NCCL library at `path` over the first GPU JAX sees; a `ConfigError` naming
+    `rollout.engine.nccl_library` when it does not load or no GPU is visible."""
+    try:
+        return CtypesNCCL(path)
+    except (OSError, RuntimeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(
+            f"rollout.engine.nccl_library: expected a loadable libnccl.so.2 and a GPU visible "
+            f"to JAX, got {path!r} ({reason})"
+        ) from None
+
+
+def _check_choice(kind: Any, publish: Any, url: Any, launch: Any, library: Any) -> None:
     if kind not in KINDS:
         raise ConfigError(f"rollout.engine.kind: expected one of {list(KINDS)}, got {kind!r}")
     if publish not in PUBLISH:
         raise ConfigError(
             f"rollout.engine.publish: expected one of {list(PUBLISH)}, got {publish!r}"
         )
-    if publish == "nccl":
+    if publish == "nccl" and kind != "vllm":
+        raise ConfigError(f"rollout.engine.publish: 'nccl' follows vLLM's weight-transfer "
+                          f"routes; a {kind} engine takes 'reload'")  # fmt: skip
+    if (publish == "nccl") != (library is not None):
         raise ConfigError(
-            "rollout.engine.publish: 'nccl' is not supported by engine_server yet; use 'reload'"
+            "rollout.engine.nccl_library: expected the path of the engine's libnccl.so.2 "
+            f"with publish 'nccl' and nothing with 'reload', got {library!r} with {publish!r}"
         )
     if url is not None and launch is not None:
         raise ConfigError("rollout.engine.launch: expected no launch settings with a url, got both")
@@ -152,6 +178,7 @@ def engine_server(
     concurrency: int,
     run_dir: str | os.PathLike[str],
     stack: contextlib.ExitStack,
+    nccl_library: str | None = None,
 ) -> OpenAIRolloutServer:
     """An `OpenAIRolloutServer` drawing from a `kind` engine ("vllm" or "sglang") at `url`,
     or launched by Dew when `url` is None, with weight pushes wired (module docstring).
@@ -159,11 +186,13 @@ def engine_server(
     model, params: the policy (a flax `CausalTransformer` and its variables, or a
     `Pretrained`). sampling: the `Sampling` every draw uses (checked before any launch).
     concurrency: requests in flight. run_dir: holds `engine/policy` and `engine.log` of a
-    launched engine. stack: closes the server, its client and the engine.
+    launched engine. stack: closes the server, its client and the engine. nccl_library:
+    the engine's `libnccl.so.2`, with publish "nccl" only.
     """
-    _check_choice(kind, publish, url, launch)
+    _check_choice(kind, publish, url, launch, nccl_library)
     check_completions(sampling, kind, processed_logprobs=True)
     policy = served_policy(model, params, kind)
+    library = None if nccl_library is None else nccl(nccl_library)
     if url is not None:
         root = url.rstrip("/")
         folder = check_directory(directory, policy)
@@ -173,11 +202,16 @@ def engine_server(
         root = launch_engine(
             kind, folder, run_dir=run_dir, stack=stack, launch=launch,
             max_model_len=policy.config.max_seq_len, dtype=policy.config.dtype,
+            args=NCCL_ARGS if library is not None else (),
         )  # fmt: skip
     client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
     name = served_name(client, root) if url is not None else SERVED_NAME
-    reload = SafetensorsReload(policy, folder, [root], kind, client=client)
-    publication = Publication(reload, version=0)
+    if library is None:
+        push: Any = SafetensorsReload(policy, folder, [root], kind, client=client)
+    else:
+        push = NCCLPush(policy, [root], library, dtype="bfloat16", client=client)
+        stack.callback(push.close)
+    publication = Publication(push, version=0)
     if url is not None:
         publication.load(policy.variables, 0)
     completion = OpenAICompletion(name, client, provider=kind)

@@ -209,15 +209,17 @@ def launch_engine(
     dtype: str = "float32",
     served_name: str = SERVED_NAME,
     grace: float = GRACE,
+    args: Sequence[str] = (),
 ) -> str:
     """Start a `kind` engine on the checkpoint `directory` and wait until it is healthy;
     returns its root URL (`http://127.0.0.1:PORT`). The engine is stopped when `stack`
-    closes, or when this process dies. See the module docstring for `launch`."""
+    closes, or when this process dies. See the module docstring for `launch`; `args` are
+    flags Dew itself needs, placed before `launch`'s own args."""
     settings = engine_launch(launch)
     port = choose_port(settings.port)
     command = engine_command(
         kind, settings.python, directory, port, served_name=served_name, dtype=dtype,
-        max_model_len=settings.max_model_len or max_model_len, args=settings.args,
+        max_model_len=settings.max_model_len or max_model_len, args=(*args, *settings.args),
     )  # fmt: skip
     if settings.cpus:
         command = ["taskset", "-c", ",".join(map(str, settings.cpus)), *command]

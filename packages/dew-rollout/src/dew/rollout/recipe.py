@@ -54,7 +54,7 @@ def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, see
     return engine_server(engine.kind, url=engine.url, directory=engine.directory,
                          launch=launch, publish=engine.publish, model=model,
                          params=params, sampling=sampling, concurrency=rows, run_dir=run_dir,
-                         stack=stack)  # fmt: skip
+                         stack=stack, nccl_library=engine.nccl_library)  # fmt: skip
 
 
 def _records(run_dir: str, stack: contextlib.ExitStack) -> Callable[[SchedulerRecord], None]:

@@ -18,7 +18,8 @@
         directory: null    # ... and the checkpoint directory it was launched on
         launch: null       # or a server Dew starts: {python, args, cpus, devices, env,
                            #   port, ready_timeout, max_model_len}
-        publish: reload    # vllm/sglang weight pushes: reload (safetensors) or nccl
+        publish: reload    # vllm/sglang weight pushes: reload (safetensors) or nccl (vllm)
+        nccl_library: null # with publish nccl: the engine's own libnccl.so.2
 
 ``max_lag`` defaults to ``max(ahead + sync_every - 1, 1)``, the smallest the schedule allows
 (a batch submitted ``ahead`` calls early and pushed every ``sync_every`` updates is that
@@ -121,10 +122,13 @@ class EngineConfig:
         ``url``: weight pushes rewrite it).
       launch: an ``EngineLaunch`` (or its mapping) for a server Dew starts instead.
       publish: how vllm/sglang receive new weights: ``reload`` (safetensors written to the
-        directory, then reloaded) or ``nccl`` (sent over an NCCL group).
+        directory, then reloaded) or, for vllm, ``nccl`` (broadcast from the trainer's GPU
+        over an NCCL group the engine joins).
+      nccl_library: the path of the engine's ``libnccl.so.2``; required with ``nccl``, and
+        refused otherwise.
 
-    ``native`` takes none of ``url``, ``directory``, ``launch`` and ``publish``; vllm and
-    sglang take exactly one of ``url`` and ``launch``.
+    ``native`` takes none of ``url``, ``directory``, ``launch``, ``publish`` and
+    ``nccl_library``; vllm and sglang take exactly one of ``url`` and ``launch``.
     """
 
     kind: Literal["native", "vllm", "sglang"] = "native"
@@ -132,6 +136,7 @@ class EngineConfig:
     directory: str | None = None
     launch: Any = None
     publish: Literal["reload", "nccl"] = "reload"
+    nccl_library: str | None = None
 
     def __post_init__(self) -> None:
         where = "rollout.engine"
@@ -145,7 +150,7 @@ class EngineConfig:
         elif self.launch is not None and not isinstance(self.launch, EngineLaunch):
             raise ConfigError(f"{where}.launch: expected null or a mapping, got {self.launch!r}")
         if self.kind == "native":
-            for key in ("url", "directory", "launch"):
+            for key in ("url", "directory", "launch", "nccl_library"):
                 if getattr(self, key) is not None:
                     raise ConfigError(
                         f"{where}.{key}: the native engine runs in the trainer's process and "
@@ -171,6 +176,20 @@ class EngineConfig:
         if self.publish not in PUBLISH:
             raise ConfigError(f"{where}.publish: expected one of {', '.join(PUBLISH)}, got "
                               f"{self.publish!r}")  # fmt: skip
+        self._check_nccl(where)
+
+    def _check_nccl(self, where: str) -> None:
+        if self.publish == "nccl" and self.kind != "vllm":
+            raise ConfigError(f"{where}.publish: nccl pushes follow vLLM's weight-transfer "
+                              f"routes; a {self.kind} engine takes reload")  # fmt: skip
+        wanted = self.publish == "nccl"
+        given = self.nccl_library is not None
+        if wanted and not (isinstance(self.nccl_library, str) and self.nccl_library):
+            raise ConfigError(f"{where}.nccl_library: expected the path of the engine's "
+                              f"libnccl.so.2 with publish nccl, got {self.nccl_library!r}")  # fmt: skip
+        if given and not wanted:
+            raise ConfigError(f"{where}.nccl_library: only publish nccl reads it (publish is "
+                              f"{self.publish})")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
