@@ -17,6 +17,8 @@ import nox
 ROOT = pathlib.Path(__file__).parent
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
 TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120"]
+#: Every suite prints its slowest tests, so a CI log shows where its minutes went.
+DURATIONS = "--durations=15"
 # What an isolated install of a distribution must not pull in.
 FORBIDDEN = {
     "dew-rl": {"flax", "optax", "torch", "pyarrow", "safetensors", "verl", "trl"},
@@ -80,7 +82,7 @@ def tests(session: nox.Session, package: str) -> None:
     groups = ["--group", "test"] if "test" in meta.get("dependency-groups", {}) else []
     _sync(session, "--package", package, "--exact", *groups)
     session.install(*TEST_TOOLS)
-    session.run("pytest", f"packages/{package}/tests", *session.posargs)
+    session.run("pytest", f"packages/{package}/tests", DURATIONS, *session.posargs)
 
 
 @nox.session
@@ -114,7 +116,7 @@ def parity(session: nox.Session) -> None:
     """Cross-package tests: import arrows, parity suites against recorded references."""
     _sync(session, "--all-packages", "--exact")
     session.install(*TEST_TOOLS)
-    session.run("pytest", "tests", *session.posargs)
+    session.run("pytest", "tests", DURATIONS, *session.posargs)
 
 
 @nox.session
