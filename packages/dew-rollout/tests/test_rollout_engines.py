@@ -97,7 +97,7 @@ def test_a_port_in_use_is_refused_by_name(tmp_path):
 
 @pytest.mark.parametrize(
     "launch, key",
-    [({"nope": 1}, "rollout.engine.launch: unknown keys"),
+    [({"nope": 1}, "rollout.engine.launch.nope: unknown key"),
      ({"args": "--x"}, "rollout.engine.launch.args"),
      ({"cpus": [-1]}, "rollout.engine.launch.cpus"),
      ({"ready_timeout": 0}, "rollout.engine.launch.ready_timeout"),

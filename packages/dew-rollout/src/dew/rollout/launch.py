@@ -52,11 +52,11 @@ from typing import Any
 import httpx
 
 from dew.processes import ProcessExited, start, stop, wait_ready
-from dew.recipes.schema import ConfigError
+from dew.recipes.rollout_config import EngineLaunch
+from dew.recipes.schema import ConfigError, section
 from dew.rollout.errors import EngineError
 
 KINDS = ("vllm", "sglang")
-KEYS = ("python", "args", "cpus", "devices", "env", "port", "ready_timeout", "max_model_len")
 PREFIX = "rollout.engine.launch"
 SERVED_NAME = "dew-policy"
 GRACE = 30.0
@@ -67,69 +67,33 @@ class EngineExited(EngineError):
     """A launched engine exited before it answered its health route."""
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineLaunch:
-    """The checked `rollout.engine.launch` mapping (module docstring)."""
-
-    python: str = sys.executable
-    args: tuple[str, ...] = ()
-    cpus: tuple[int, ...] | None = None
-    devices: str | None = None
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    port: int | None = None
-    ready_timeout: float = 600.0
-    max_model_len: int | None = None
-
-
-def _expect(ok: bool, key: str, expected: str, got: Any) -> None:
-    if not ok:
-        where = f"{PREFIX}.{key}" if key else PREFIX
-        raise ConfigError(f"{where}: expected {expected}, got {got!r}")
-
-
 def _python(value: Any) -> str:
-    _expect(isinstance(value, (str, os.PathLike)), "python", "a path", value)
+    """The engine's interpreter: `value` itself, or `bin/python` of a virtualenv directory."""
     path = Path(value)
     if path.is_dir():
         path = path / "bin" / "python"
-    _expect(path.is_file(), "python", "an interpreter or a virtualenv directory", str(value))
+    if not path.is_file():
+        raise ConfigError(
+            f"{PREFIX}.python: expected an interpreter or a virtualenv directory, got {value!r}"
+        )
     return str(path)
 
 
-def engine_launch(launch: Mapping[str, Any] | None) -> EngineLaunch:
-    """Check the `launch` mapping; a wrong key or value raises a one-line `ConfigError`."""
+def engine_launch(launch: Mapping[str, Any] | EngineLaunch | None) -> EngineLaunch:
+    """The `launch` mapping checked as the config's `rollout.engine.launch` section is
+    (`dew.recipes.rollout_config.EngineLaunch`: a wrong key or value raises a one-line
+    `ConfigError` naming it), with `python` resolved to an interpreter file (default: the
+    one running Dew)."""
     if launch is None:
-        return EngineLaunch()
-    _expect(isinstance(launch, Mapping), "", "a mapping", launch)
-    unknown = sorted(set(launch) - set(KEYS))
-    if unknown:
-        raise ConfigError(f"{PREFIX}: unknown keys {unknown}; expected some of {list(KEYS)}")
-    got = {k: v for k, v in launch.items() if v is not None or k in ("cpus", "devices")}
-    args = got.get("args", ())
-    _expect(isinstance(args, Sequence) and not isinstance(args, str)
-            and all(isinstance(a, str) for a in args), "args", "a list of strings", args)  # fmt: skip
-    cpus = got.get("cpus")
-    _expect(cpus is None or (isinstance(cpus, Sequence) and not isinstance(cpus, str) and all(
-        isinstance(c, int) and c >= 0 for c in cpus)), "cpus", "a list of CPU ids or null", cpus)  # fmt: skip
-    devices = got.get("devices")
-    _expect(devices is None or isinstance(devices, (str, int)), "devices", "a string", devices)
-    env = got.get("env", {})
-    _expect(isinstance(env, Mapping) and all(isinstance(k, str) and isinstance(v, str)
-            for k, v in env.items()), "env", "a mapping of strings", env)  # fmt: skip
-    port = got.get("port")
-    _expect(port is None or (type(port) is int and 0 < port < 65536), "port", "a TCP port", port)
-    timeout = got.get("ready_timeout", 600.0)
-    _expect(isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0,
-            "ready_timeout", "seconds > 0", timeout)  # fmt: skip
-    length = got.get("max_model_len")
-    _expect(length is None or (type(length) is int and length > 0), "max_model_len",
-            "a positive int or null", length)  # fmt: skip
-    return EngineLaunch(
-        python=_python(got["python"]) if "python" in got else sys.executable,
-        args=tuple(args), cpus=None if cpus is None else tuple(cpus),
-        devices=None if devices is None else str(devices), env=dict(env), port=port,
-        ready_timeout=float(timeout), max_model_len=length,
-    )  # fmt: skip
+        settings = EngineLaunch()
+    elif isinstance(launch, EngineLaunch):
+        settings = launch
+    elif isinstance(launch, Mapping):
+        settings = section(EngineLaunch, launch, PREFIX)
+    else:
+        raise ConfigError(f"{PREFIX}: expected a mapping, got {launch!r}")
+    python = sys.executable if settings.python is None else _python(settings.python)
+    return dataclasses.replace(settings, python=python)
 
 
 def engine_command(
@@ -164,7 +128,7 @@ def engine_env(kind: str, settings: EngineLaunch) -> dict[str, str]:
     if kind == "vllm":
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if settings.devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = settings.devices
+        env["CUDA_VISIBLE_DEVICES"] = str(settings.devices)
     env.update(settings.env)
     return env
 
@@ -218,7 +182,7 @@ def launch_engine(
     settings = engine_launch(launch)
     port = choose_port(settings.port)
     command = engine_command(
-        kind, settings.python, directory, port, served_name=served_name, dtype=dtype,
+        kind, settings.python or sys.executable, directory, port, served_name=served_name, dtype=dtype,
         max_model_len=settings.max_model_len or max_model_len, args=(*args, *settings.args),
     )  # fmt: skip
     if settings.cpus:
