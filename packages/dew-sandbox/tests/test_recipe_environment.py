@@ -193,7 +193,8 @@ def test_a_killed_run_resumes_to_bit_identical_arrays(worker, tmp_path) -> None:
          "source.command: no executable 'no-such-dew-worker-program' on PATH"),
         ({"command": ["./missing/worker"]}, "source.command: './missing/worker' is not an "
                                             "executable file"),
-        ({"kind": "bogus"}, "source.kind: expected one of prompts, environment, got 'bogus'"),
+        ({"kind": "bogus"}, "source.kind: expected one of prompts, environment, harbor, got "
+                           "'bogus'"),
         ({"max_turns": 0}, "source.max_turns: expected an integer >= 1, got 0"),
         ({"tasks": None}, "source.tasks: required, missing"),
         ({"limits": {"cpu_seconds": -1}}, "source.limits.cpu_seconds: expected a positive "

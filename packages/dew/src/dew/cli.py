@@ -184,8 +184,14 @@ def _file_config(path: str) -> dict[str, Any]:
                 local = base / value
                 if section == "run" or local.exists() or value.startswith("."):
                     values[key] = str(local)
-    if isinstance(source := config.get("source"), dict) and "command" in source:  # its files
-        source["command"] = file_arguments(source["command"], base)
+    if isinstance(source := config.get("source"), dict):  # its files
+        for key in ("command", "harbor"):
+            if key in source:
+                source[key] = file_arguments(source[key], base)
+        tasks = source.get("tasks")
+        if isinstance(tasks, str) and not os.path.isabs(os.path.expanduser(tasks)):
+            if (base / tasks).is_dir():  # kind harbor: a directory of task directories
+                source["tasks"] = str(base / tasks)
     return config
 
 

@@ -140,7 +140,7 @@ def _model(config: TrainConfig) -> tuple[Any, Any, int]:
     from dew.recipes.builder import build_model
 
     s, new = config.source, config.objective.max_new_tokens
-    assert s is not None
+    assert isinstance(s, SourceConfig)
     vocab = config.model.vocab_size
     if vocab is None and config.model.pretrained is None:
         raise ConfigError("model.vocab_size: required with source.kind environment (the "
@@ -168,7 +168,7 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
     from dew.sampling import Sampling
 
     source, o = config.source, config.objective
-    assert source is not None
+    assert isinstance(source, SourceConfig)
     environment = _environment(source)
     verifier = _verifier(source)
     model, pretrained, vocab = _model(config)

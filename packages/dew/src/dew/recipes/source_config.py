@@ -28,6 +28,9 @@ With ``kind: environment`` a config has no ``data`` section (the tasks are the d
 ``objective.reward`` (the verifier scores), needs ``objective.eos_id`` (the id that ends a
 turn) and ``rollout.mode: sync`` (asynchronous episodes are not wired yet).
 
+``kind: harbor`` trains on agent trials run by Harbor behind a recording gateway; its keys and
+checks live in ``dew.recipes.harbor_config``.
+
 ``source_section(mapping, kind)`` checks the section against the whole config mapping and
 returns a ``SourceConfig`` for ``environment``, None for ``prompts``.
 """
@@ -43,7 +46,7 @@ from typing import Any
 from dew.checks import is_int
 from dew.recipes.schema import ConfigError, section
 
-SOURCE_KINDS = ("prompts", "environment")
+SOURCE_KINDS = ("prompts", "environment", "harbor")
 #: The keys only ``kind: environment`` reads.
 ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
                     "verifier", "journal")  # fmt: skip
@@ -123,6 +126,9 @@ class SourceConfig:
             raise ConfigError(
                 f"source.kind: expected one of {', '.join(SOURCE_KINDS)}, got {self.kind!r}"
             )
+        if self.kind == "harbor":
+            raise ConfigError("source.kind: a harbor section is read by "
+                              "dew.recipes.harbor_config.harbor_section")  # fmt: skip
         if self.kind != "environment":
             return
         object.__setattr__(self, "command", resolve_command(self.command))
@@ -143,7 +149,8 @@ class SourceConfig:
 
 def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None:
     """The ``source`` section of a config of ``kind`` (``mapping`` is the whole config):
-    a ``SourceConfig`` for ``kind: environment``, None for ``prompts`` or no section.
+    a ``SourceConfig`` for ``kind: environment``, None for ``prompts`` or no section
+    (``kind: harbor`` is read by ``dew.recipes.harbor_config.harbor_section``).
 
     Raises:
       ConfigError: an unknown kind or key, a bad value, a key only ``environment`` reads

@@ -15,7 +15,9 @@ A GRPO config with ``rollout.mode: async`` draws its batches with ``dew-rollout`
 update; everything it opens is closed when the run ends, fails or is interrupted.
 
 A GRPO config with ``source: {kind: environment}`` trains on tool episodes against a worker
-process instead of prompts (``dew.recipes.environment_run``).
+process instead of prompts (``dew.recipes.environment_run``); one with
+``source: {kind: harbor}`` on Harbor trials behind a recording gateway
+(``dew.recipes.harbor_run``).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Prepared:
     #: checked) and before the first step, to open what lives there (the episode journal)
     #: inside ``stack``; None: nothing to open.
     start: Callable[[str, contextlib.ExitStack], None] | None = None
+    #: ``attach(trainer, data, run_dir, stack) -> data``: put an asynchronous rollout in
+    #: place of ``trainer.rollout`` and return the dataset to train on (as
+    #: ``dew.recipes.async_run.attach`` does for prompts); None: the ``rollout`` section's.
+    attach: Callable[[Any, Any, str, contextlib.ExitStack], Any] | None = None
 
 
 def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> Prepared:
@@ -58,6 +64,10 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
 
     ``stack`` holds what must stay open while the run trains and be closed after it (the
     sandbox fleet of ``objective.reward: code``, which needs one)."""
+    if getattr(config.source, "kind", None) == "harbor":
+        from dew.recipes.harbor_run import prepare_harbor
+
+        return Prepared(**prepare_harbor(config))
     if config.source is not None:
         from dew.recipes.environment_run import prepare_environment
 
@@ -259,7 +269,9 @@ def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack)
     data = prepared.data
     rollout = config.rollout
     attached = rollout is not None and rollout.is_async
-    if rollout is not None and attached:
+    if prepared.attach is not None:
+        data = prepared.attach(trainer, data, r.run_dir, stack)
+    elif rollout is not None and attached:
         from dew.recipes.async_run import attach
 
         data = attach(trainer, data, rollout, batch=r.batch, seed=r.seed,

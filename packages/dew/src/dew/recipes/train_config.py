@@ -14,7 +14,8 @@ a kind of ``ASYNC_KINDS`` an eighth, ``rollout`` (``dew.recipes.rollout_config``
     source:    {kind: environment, command: [...], tasks: 100}   (grpo) SourceConfig
 
 A ``source`` of kind ``environment`` (``dew.recipes.source_config``) replaces the ``data``
-section: the run trains on tool episodes against a worker process.
+section: the run trains on tool episodes against a worker process; one of kind ``harbor``
+(``dew.recipes.harbor_config``) trains on Harbor trials behind a recording gateway.
 
 PPO reads ``GRPOData`` and its ``objective`` section is
 ``dew.recipes.ppo_stage.PPOObjectiveConfig``.
@@ -37,6 +38,7 @@ from dew.recipes.builder import (
     optimizer_config,
     schedule_config,
 )
+from dew.recipes.harbor_config import HarborConfig, harbor_section
 from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
@@ -240,8 +242,9 @@ class TrainConfig:
     data: Any
     objective: Any
     rollout: RolloutConfig | None = None
-    #: None: prompts from ``data``; a ``SourceConfig``: tool episodes (``data`` is None).
-    source: SourceConfig | None = None
+    #: None: prompts from ``data``; a ``SourceConfig``: tool episodes; a ``HarborConfig``:
+    #: Harbor trials (``data`` is None for both).
+    source: SourceConfig | HarborConfig | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds); a
@@ -267,7 +270,12 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         objective = mapping.get("objective") or {}
         if isinstance(objective, Mapping) and objective.get("all_tokens"):
             raise ConfigError("objective.all_tokens: only 'dew train sft' takes it")
-    source = source_section(mapping, kind)
+    raw = mapping.get("source")
+    source: SourceConfig | HarborConfig | None
+    if isinstance(raw, Mapping) and raw.get("kind") == "harbor":
+        source = harbor_section(mapping, kind)
+    else:
+        source = source_section(mapping, kind)
     config = TrainConfig(
         kind=kind,
         run=section(RunConfig, mapping.get("run"), "run"),

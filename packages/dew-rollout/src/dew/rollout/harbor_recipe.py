@@ -1,0 +1,111 @@
+"""The rollout of a ``dew train grpo`` config with ``source: {kind: harbor}``.
+
+``dew`` finds ``build_harbor_scheduler`` through the entry point ``harbor_rollout`` of the
+group ``dew.recipes`` (``dew.recipes.harbor_run``) and calls it with the checked
+``source`` section (``dew.recipes.harbor_config.HarborConfig``) and ``rollout`` section. It
+builds what ``examples/train_harbor.py`` builds by hand, each closed through ``stack``:
+
+- the weight push: ``SafetensorsReload`` of the policy into ``rollout.engine.directory``,
+  reloaded by the engine at ``rollout.engine.url`` (whose ``config.json`` must match the
+  policy's shape), the policy pushed as version 0 before the first trial;
+- a ``SandboxProxy`` on ``source.sandbox_host`` in front of the gateway, and a ``Gateway``
+  client whose agents' base URLs go through it;
+- ``Publication(reload, stamp=gateway.stamp)``: a version is stamped on the gateway only
+  after the engine serves it;
+- a ``HarborSource`` (one ``harbor trial start`` per sample, trials under ``trials``);
+- a ``RolloutScheduler`` over task ids, with the section's schedule, its journal in
+  ``RUN_DIR/rollout-journal`` and one JSON line per training batch in
+  ``RUN_DIR/rollout.jsonl`` (as ``dew.rollout.recipe``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from dew.rollout.engines import check_directory, served_policy
+from dew.rollout.gateway import Gateway
+from dew.rollout.harbor import HarborSource
+from dew.rollout.proxy import SandboxProxy
+from dew.rollout.publication import Publication
+from dew.rollout.recipe import JOURNAL, _records
+from dew.rollout.reload import SafetensorsReload
+from dew.rollout.scheduler.scheduler import RolloutScheduler
+from dew.rollout.scheduler.tasks import task_ids
+
+
+def _publication(
+    model: Any, params: Any, engine: Any, gateway: Gateway, stack: contextlib.ExitStack
+) -> Publication:
+    """Pushes to the running engine, stamped on ``gateway``; the policy pushed as version 0."""
+    policy = served_policy(model, params, engine.kind)
+    folder = check_directory(engine.directory, policy)
+    root = engine.url.rstrip("/")
+    client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+    reload = SafetensorsReload(policy, folder, [root], engine.kind, client=client)
+    publication = Publication(reload, version=0, stamp=gateway.stamp)
+    publication.load(policy.variables, 0)
+    return publication
+
+
+def build_harbor_scheduler(
+    *,
+    objective: Any,
+    model: Any,
+    params: Any,
+    source: Any,
+    rollout: Any,
+    tasks: Mapping[int, str],
+    trials: str,
+    width: int,
+    rows: int,
+    groups: int,
+    estimator: str,
+    seed: int,
+    run_dir: str,
+    stack: contextlib.ExitStack,
+    progress: bool | None = None,
+) -> RolloutScheduler:
+    """The ``RolloutScheduler`` of a config's Harbor ``source`` (module docstring).
+
+    Args:
+      objective: the ``GRPOObjective`` trained (rows ``width`` wide).
+      model, params: the policy's decoder and its starting variables (pushed as version 0).
+      source: the ``HarborConfig``; rollout: the ``RolloutConfig`` (``mode: async``, a vllm or
+        sglang engine at ``url``).
+      tasks: task id -> Harbor task directory; trials: where trials are written.
+      width: row width W; rows: rows N per step (tasks x groups x chains); groups: trials
+        per task; estimator: the advantage estimator.
+      seed: the run's seed; run_dir: where the journal and records go.
+      stack: closes the scheduler, records, source, gateway client, proxy and HTTP client
+        (in that order) when the run ends, fails or is interrupted.
+    """
+    proxy = stack.enter_context(SandboxProxy(source.gateway.url, host=source.sandbox_host))
+    gateway = Gateway(source.gateway.url, sandbox_url=proxy.url, timeout=source.gateway.timeout)
+    stack.callback(gateway.close)
+    publication = _publication(model, params, rollout.engine, gateway, stack)
+    harbor = HarborSource(
+        gateway, harbor=list(source.harbor), model=source.model, trials=trials,
+        agent=source.agent, args=list(source.args), workers=source.workers,
+        timeout=source.timeout, ready_timeout=source.ready_timeout, env=source.env,
+        tasks={int(k): os.fspath(v) for k, v in tasks.items()},
+    )  # fmt: skip
+    stack.callback(harbor.close)
+    log = _records(run_dir, stack)
+    scheduler = RolloutScheduler(
+        objective, harbor, publication, width=width, rows=rows, tasks=task_ids, groups=groups,
+        max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
+        max_attempts=rollout.max_attempts, timeout=rollout.timeout,
+        oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
+        estimator=estimator, seed=seed, log=log, journal=os.path.join(run_dir, JOURNAL),
+        progress=progress,
+    )  # fmt: skip
+    stack.callback(scheduler.close)
+    return scheduler
+
+
+__all__ = ["build_harbor_scheduler"]

@@ -1,0 +1,96 @@
+"""``source: {kind: harbor}`` from one config: ``python -m dew.cli train grpo --config`` runs
+stand-in Harbor trials (harbor_standin.py) whose agents reach ``FakeChatVLLM`` through the
+real rllm-model-gateway and the run's own sandbox proxy, trains on the recorded calls and
+pushes each update's weights into the engine (the fake takes vLLM's reload routes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gateway_fakes import MODEL, FakeChatVLLM, GatewayProcess
+from test_rollout_harbor import STANDIN, make_task
+
+from dew.rollout import SafetensorsReload
+from dew.testing import checkpoint_arrays
+
+#: The fake engine answers a prompt the same way every time and Harbor gives trials no seed,
+#: so both trials of a task draw the same calls; this verifier scores a task's trials 0, 1,
+#: 0, ... in the order they finish (one worker: the order they were submitted in), so every
+#: group holds two different rewards and every update has a learning signal.
+ALTERNATE = """#!/bin/sh
+n=0
+while ! mkdir "$(dirname "$0")/../graded.$n" 2>/dev/null; do n=$((n + 1)); done
+echo $((n % 2)) > "$REWARD_FILE"
+"""
+
+
+@pytest.fixture(scope="module")
+def engine_and_gateway(tmp_path_factory):
+    engine = FakeChatVLLM()
+    gateway = GatewayProcess(engine.url, tmp_path_factory.mktemp("gateway"))
+    yield engine, gateway
+    gateway.close()
+    engine.close()
+
+
+def harbor_config(base: Path, engine: FakeChatVLLM, gateway: GatewayProcess) -> Path:
+    checkpoint = base / "policy"
+    for name in ("one", "two"):
+        make_task(base / "tasks", name, grade=ALTERNATE)
+    config = {
+        "run": {"run_dir": str(base / "run"), "steps": 2, "batch": 2, "log_every": 1,
+                "checkpoint_every": 1, "progress": False},
+        "model": {"pretrained": str(checkpoint)},
+        "optimizer": {"name": "adam", "learning_rate": 1e-2},
+        "objective": {"groups": 2, "behavior_importance": 2.0},
+        "rollout": {"mode": "async", "ahead": 1,
+                    "engine": {"kind": "vllm", "url": engine.url, "directory": str(checkpoint)}},
+        "source": {"kind": "harbor", "tasks": "tasks", "harbor": STANDIN, "agent": "stand-in",
+                   "model": MODEL, "gateway": {"url": gateway.url, "timeout": 10},
+                   "ready_timeout": 60, "workers": 1, "width": 128},
+    }  # fmt: skip
+    path = base / "harbor.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML; tasks is read from the file's folder
+    return path
+
+
+def test_train_grpo_on_harbor_trials_from_one_config(engine_and_gateway, pretrained, tmp_path):
+    engine, gateway = engine_and_gateway
+    writer = SafetensorsReload(pretrained, tmp_path / "policy", [engine.url])
+    writer.write()
+    writer.close()
+    config = harbor_config(tmp_path, engine, gateway)
+    answers, reloads = len(engine.answers), engine.reloads
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    elsewhere = tmp_path / "elsewhere"  # relative keys are read from the config's folder
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
+                           str(config)], cwd=elsewhere, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "trained to step 2 (2 updates)" in done.stdout
+    run = tmp_path / "run"
+    drawn = [json.loads(line) for line in open(run / "rollout.jsonl")]
+    assert [r["index"] for r in drawn] == [0, 1]
+    assert [r["pushed"] for r in drawn] == [-1, 1]
+    assert all(r["admitted_groups"] == 2 for r in drawn)  # both tasks' trials trained on
+    results = [json.loads(p.read_text()) for p in (run / "trials").glob("*/result.json")]
+    assert len(results) >= 2 * 2 * 2  # batches x tasks x groups, one trial each
+    assert all(r["verifier_result"]["rewards"]["reward"] in (0.0, 1.0) for r in results)
+    # every turn of every trial went to the engine through the gateway: two per trial
+    assert len(engine.answers) - answers >= 2 * len(results)
+    # version 0 before the first trial, then the first update's weights (and the last's)
+    assert engine.reloads - reloads >= 2
+    metrics = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [m["step"] for m in metrics if "loss" in m] == [1, 2]
+    assert all(np.isfinite(m["loss"]) for m in metrics if "loss" in m)
+    assert all(m["grad_norm"] > 0 for m in metrics if "loss" in m)  # the calls taught something
+    saved = json.loads((run / "config.json").read_text())["source"]
+    assert saved["tasks"] == str(tmp_path / "tasks") and saved["kind"] == "harbor"
+    assert checkpoint_arrays(run)  # the trained policy was checkpointed
