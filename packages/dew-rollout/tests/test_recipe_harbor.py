@@ -16,8 +16,9 @@ import pytest
 from gateway_fakes import MODEL, FakeChatVLLM, GatewayProcess
 from test_rollout_harbor import STANDIN, make_task
 
+from dew.cli import main
 from dew.rollout import SafetensorsReload
-from dew.testing import checkpoint_arrays
+from dew.testing import checkpoint_arrays, free_port
 
 #: The fake engine answers a prompt the same way every time and Harbor gives trials no seed,
 #: so both trials of a task draw the same calls; this verifier scores a task's trials 0, 1,
@@ -94,3 +95,27 @@ def test_train_grpo_on_harbor_trials_from_one_config(engine_and_gateway, pretrai
     saved = json.loads((run / "config.json").read_text())["source"]
     assert saved["tasks"] == str(tmp_path / "tasks") and saved["kind"] == "harbor"
     assert checkpoint_arrays(run)  # the trained policy was checkpointed
+
+
+@pytest.mark.parametrize("dead", ["engine", "gateway"])
+def test_an_engine_or_gateway_that_does_not_answer_is_one_line_naming_its_key(
+    engine_and_gateway, pretrained, tmp_path, capsys, dead
+):
+    engine, gateway = engine_and_gateway
+    writer = SafetensorsReload(pretrained, tmp_path / "policy", [engine.url])
+    writer.write()
+    writer.close()
+    path = harbor_config(tmp_path, engine, gateway)
+    config = json.loads(path.read_text())
+    nobody = f"http://127.0.0.1:{free_port()}"
+    if dead == "engine":
+        config["rollout"]["engine"]["url"] = nobody
+        message = f"rollout.engine.url: expected a running engine, got {nobody} ("
+    else:
+        config["source"]["gateway"]["url"] = nobody
+        message = f"source.gateway.url: expected a running rllm-model-gateway, got {nobody} ("
+    path.write_text(json.dumps(config))
+    assert main(["train", "grpo", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dew: error: {message}"), err
+    assert not (tmp_path / "run" / "config.json").exists()

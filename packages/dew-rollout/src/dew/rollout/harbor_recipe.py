@@ -7,7 +7,9 @@ builds what ``examples/train_harbor.py`` builds by hand, each closed through ``s
 
 - the weight push: ``SafetensorsReload`` of the policy into ``rollout.engine.directory``,
   reloaded by the engine at ``rollout.engine.url`` (whose ``config.json`` must match the
-  policy's shape), the policy pushed as version 0 before the first trial;
+  policy's shape), the policy pushed as version 0 before the first trial; an engine that
+  does not answer ``/v1/models`` is a ``ConfigError`` naming ``rollout.engine.url``, a
+  gateway that does not take the first stamp one naming ``source.gateway.url``;
 - a ``SandboxProxy`` on ``source.sandbox_host`` in front of the gateway, and a ``Gateway``
   client whose agents' base URLs go through it;
 - ``Publication(reload, stamp=gateway.stamp)``: a version is stamped on the gateway only
@@ -27,8 +29,9 @@ from typing import Any
 
 import httpx
 
-from dew.rollout.engines import check_directory, served_policy
-from dew.rollout.gateway import Gateway
+from dew.recipes.schema import ConfigError
+from dew.rollout.engines import check_directory, served_name, served_policy
+from dew.rollout.gateway import Gateway, GatewayError
 from dew.rollout.harbor import HarborSource
 from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
@@ -46,8 +49,13 @@ def _publication(
     folder = check_directory(engine.directory, policy)
     root = engine.url.rstrip("/")
     client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+    served_name(client, root)  # a running engine, or an error naming rollout.engine.url
     reload = SafetensorsReload(policy, folder, [root], engine.kind, client=client)
-    publication = Publication(reload, version=0, stamp=gateway.stamp)
+    try:  # construction stamps version 0 on the gateway
+        publication = Publication(reload, version=0, stamp=gateway.stamp)
+    except GatewayError as error:
+        raise ConfigError(f"source.gateway.url: expected a running rllm-model-gateway, got "
+                          f"{gateway.url} ({error})") from None  # fmt: skip
     publication.load(policy.variables, 0)
     return publication
 
