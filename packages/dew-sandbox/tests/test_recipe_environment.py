@@ -254,3 +254,60 @@ def test_a_verdict_that_is_no_number_stops_the_run_naming_the_verifier(worker, t
     assert len(err) == 1 and "source.verifier: outcome reads the detail" in err[0], err
     assert "'great'" in err[0]
     assert workers_alive(worker) == []
+
+
+def _chat_tokenizer(directory: Path) -> Path:
+    """A word-level chat tokenizer of 8 ids (``<eos>`` is 1, as the worker's EOS), so an
+    ``lm`` stage trains the same vocabulary-8 decoder the tool episodes sample from."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<eos>", "hi", "yes", "no", "two", "four", "."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>",
+              "chat_template": "{% for m in messages %}{{ m.content }} <eos> {% endfor %}"}  # fmt: skip
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_a_chain_trains_an_lm_stage_then_grpo_on_worker_episodes(tmp_path, capsys) -> None:
+    base = tmp_path / "configs"
+    base.mkdir()
+    worker = base / "chain_tool_worker.py"
+    worker.write_text(WORKER)
+    chat = {"messages": [{"role": "user", "content": "hi two"},
+                         {"role": "assistant", "content": "four ."}]}  # fmt: skip
+    (base / "chat.jsonl").write_text((json.dumps(chat) + "\n") * 4)
+    _chat_tokenizer(base / "tok")
+    # the worker's file and the data are named relative to the config's directory
+    config = {
+        "output": "out", "batch": 2, "log_every": 1,
+        "model": {**MODEL, "max_seq_len": 32},
+        "optimizer": {"name": "adam", "learning_rate": 1e-2},
+        "stages": [
+            {"name": "lm", "kind": "lm", "steps": 1,
+             "data": {"type": "ChatMessages", "path": "chat.jsonl", "tokenizer": "tok",
+                      "seq_len": 7}},
+            {"name": "tools", "steps": 2, "groups": 4, "max_new_tokens": 8, "eos_id": 1,
+             "source": {"kind": "environment", "command": [sys.executable,
+                                                           "chain_tool_worker.py"],
+                        "tasks": 6, "max_turns": 2, "max_prompt_tokens": 16,
+                        "limits": {"cpu_seconds": 10, "deadline_seconds": 60}}},
+        ],
+    }  # fmt: skip
+    path = base / "chain.yaml"
+    path.write_text(json.dumps(config))
+    assert main(["chain", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "lm (lm): step 1, 1 updates" in out and "tools (grpo): step 2, 2 updates" in out
+    run_dir = base / "out" / "tools"
+    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    episodes = [json.loads(line) for line in open(run_dir / "episodes.jsonl")]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert len(episodes) == 2 * 2 * 4  # steps * tasks per batch * groups
+    assert {e["task"] for e in episodes} <= set(range(6)) and (run_dir / "journal").is_dir()
+    completed = [e for e in episodes if e["status"] == "completed"]
+    assert all(e["turns"] == 2 and e["reward"] == float(e["detail"]) for e in completed)
+    assert workers_alive(worker) == []

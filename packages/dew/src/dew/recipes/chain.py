@@ -18,17 +18,15 @@ trains in ``output / stage.name`` through ``Trainer.fit(run_dir=...)``, so a sta
 directory already holds a checkpoint resumes from it, and a finished one restores without
 training. The name only labels the directory; it never changes how data is read.
 
-GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sample`` (the
-sampler's top-k), ``estimator`` (the advantage estimator: ``group``, ``mean`` or ``rloo``), ``temperature`` (the rollout samples at it and the objective scores at the
-same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
-the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``epsilon_low``,
-``epsilon_high``, ``dual_clip`` and the rollout corrections ``behavior_importance``,
-``sequence_mask`` and ``geometric_mask`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
-grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
-keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
-ids separated by spaces as the reward's text, and the dual-clipped PPO loss. A GRPO stage's
-``rollout`` (``dew.recipes.rollout_config.RolloutConfig``, the ``rollout`` section of ``dew
-train grpo``) with ``mode: async`` draws its batches ahead of the update instead.
+GRPO stages take the sampling keys (``groups``, ``max_new_tokens``, ``sample`` the top-k,
+``temperature``, ``eos_id``, ``decode`` ids -> the reward's text, ``estimator``) and GRPO's
+loss keys (``dew.recipes.stages.GRPOLoss``, shared with ``dew train grpo``; ``build_stage``
+turns a stage into its objective and rollout); unset, they keep ``SampledRollout``'s and
+``GRPOObjective``'s defaults. A GRPO stage's ``rollout`` (``dew.recipes.rollout_config``)
+with ``mode: async`` draws its batches ahead of the update. A stage with an environment
+``source`` (a ``dew.recipes.source_config.SourceConfig``, no data) trains GRPO on tool
+episodes as ``dew train grpo`` does (``dew.recipes.environment_run.episode_parts``). A
+``dew.recipes.flow_stage.FlowStage`` runs ``dew-flow``'s Flow-GRPO on its own image model.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from dew.checks import is_int
 from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
+from dew.recipes.flow_stage import FlowStage
 from dew.recipes.ppo_stage import PPO_KEYS, checked_options
 from dew.recipes.rollout_config import RolloutConfig
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
@@ -87,11 +86,11 @@ class Stage(GRPOLoss):
         ``max_new_tokens``, ``sample``, ``temperature``, ``eos_id``, ``decode``, ``beta``,
         ``epsilon_low``, ``epsilon_high``, ``dual_clip`` and ``behavior_importance``, and
         refuses GRPO's other loss keys.
+      source: a ``dew.recipes.source_config.SourceConfig`` of kind ``environment``: GRPO on
+        tool episodes (``data`` and ``reward`` None, ``eos_id`` required); None: the data.
 
-    GRPO's loss options are keyword-only fields too, the keys of
-    ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
-    ``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``,
-    ``behavior_importance``, ``sequence_mask`` and ``geometric_mask``.
+    GRPO's loss options (``dew.recipes.stages.GRPOLoss``, as ``dew train grpo``'s
+    ``objective`` section) are keyword-only fields too.
     """
 
     name: str
@@ -114,13 +113,16 @@ class Stage(GRPOLoss):
     value_coefficient: float | None = None
     value_clip: float | None = None
     critic_from_policy: bool | None = None
+    source: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or os.sep in self.name:
+        if not isinstance(self.name, str) or self.name in ("", ".", "..") or os.sep in self.name:
             raise ValueError(f"Stage.name: expected a plain directory name, got {self.name!r}")
-        if self.name in (".", ".."):
-            raise ValueError(f"Stage.name: expected a plain directory name, got {self.name!r}")
-        if not isinstance(self.data, ChatMessages | PreferencePairs | Prompts):
+        if self.source is not None:
+            from dew.recipes.source_config import check_source_stage
+
+            check_source_stage(self)
+        elif not isinstance(self.data, ChatMessages | PreferencePairs | Prompts):
             raise TypeError(
                 f"Stage.data ({self.name}): expected ChatMessages, PreferencePairs or Prompts, "
                 f"got {type(self.data).__name__}"
@@ -129,7 +131,7 @@ class Stage(GRPOLoss):
             raise ValueError(
                 f"Stage.steps ({self.name}): expected a positive int, got {self.steps!r}"
             )
-        object.__setattr__(self, "kind", _kind(self.name, self.data, self.kind))
+        object.__setattr__(self, "kind", _kind(self.name, self.data, self.kind, self.source))
         self._check_ppo()
         if isinstance(self.data, Prompts) and self.reward is None:
             raise ValueError(f"Stage.reward ({self.name}): a Prompts (GRPO) stage needs a reward")
@@ -162,8 +164,9 @@ class Stage(GRPOLoss):
             check_estimator(self.estimator)
         except ValueError as err:
             raise ValueError(f"Stage.{err}".replace(":", f" ({self.name}):", 1)) from None
+        samples = isinstance(self.data, Prompts) or self.source is not None
         for option, value in rollout_options.items():
-            if value is not None and not isinstance(self.data, Prompts):
+            if value is not None and not samples:
                 raise ValueError(
                     f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage samples, this "
                     f"stage's data is {type(self.data).__name__}"
@@ -179,7 +182,7 @@ class Stage(GRPOLoss):
                 f"got {self.temperature!r}"
             )
         for option in self.changed_loss_options():
-            if not isinstance(self.data, Prompts):
+            if not samples:
                 raise ValueError(
                     f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage takes it, "
                     f"this stage's data is {type(self.data).__name__}"
@@ -221,16 +224,18 @@ class Stage(GRPOLoss):
 PPO_ONLY = ("gamma", "lam", "value_coefficient", "value_clip", "critic_from_policy")
 
 
-def _kind(name: str, data: Any, kind: str | None) -> str:
-    """A stage's kind: ``kind`` checked against the dataset, or the dataset's first kind."""
-    allowed = ("sft", "lm") if isinstance(data, ChatMessages) else ("dpo",) if isinstance(
+def _kind(name: str, data: Any, kind: str | None, source: Any = None) -> str:
+    """A stage's kind: ``kind`` checked against the dataset (or an environment ``source``,
+    which trains GRPO), or the first kind that fits."""
+    allowed = ("grpo",) if source is not None else ("sft", "lm") if isinstance(
+        data, ChatMessages) else ("dpo",) if isinstance(
         data, PreferencePairs) else ("grpo", "ppo")  # fmt: skip
     if kind is None:
         return allowed[0]
     if kind not in allowed:
+        what = "an environment source" if source is not None else f"{type(data).__name__} data"
         raise ValueError(
-            f"Stage.kind ({name}): expected {' or '.join(allowed)} for "
-            f"{type(data).__name__} data, got {kind!r}"
+            f"Stage.kind ({name}): expected {' or '.join(allowed)} for {what}, got {kind!r}"
         )
     return kind
 
@@ -240,14 +245,13 @@ class Recipe:
     """A chain of stages over one decoder.
 
     Attributes:
-      model: the shared ``dew.models`` decoder.
-      optimizer: an optax transformation, or a function ``stage -> transformation`` (one
-        per stage, e.g. a schedule spanning that stage's steps); every stage starts a fresh
-        optimizer state.
+      model: the ``dew.models`` decoder the ``Stage``s share (None when all are ``FlowStage``).
+      optimizer: an optax transformation, or a function ``stage -> transformation`` (one per
+        ``Stage``, e.g. a schedule over its steps); each stage starts a fresh optimizer state.
       key: a PRNG key; stage ``i`` uses ``fold_in(key, i)``.
       output: run directory; stage directories go under it.
       batch: rows per step (prompts per step for GRPO, which trains on ``batch * groups``).
-      stages: the stages, in order.
+      stages: the ``Stage``s and ``dew.recipes.flow_stage.FlowStage``s, in order.
       pretrained: variables the first stage starts from (None: a fresh initialisation).
       log_every: metrics cadence passed to ``Trainer.fit``.
       progress: a progress bar per stage (None: only when stderr is a terminal).
@@ -260,7 +264,7 @@ class Recipe:
     key: jax.Array
     output: str | os.PathLike[str]
     batch: int
-    stages: Sequence[Stage]
+    stages: Sequence[Stage | FlowStage]
     pretrained: Mapping[str, Any] | None = None
     log_every: int | None = None
     progress: bool | None = None
@@ -271,8 +275,9 @@ class Recipe:
         if not self.stages:
             raise ValueError("Recipe.stages: expected at least one Stage")
         for i, stage in enumerate(self.stages):
-            if not isinstance(stage, Stage):
-                raise TypeError(f"Recipe.stages[{i}]: expected a Stage, got {type(stage).__name__}")
+            if not isinstance(stage, Stage | FlowStage):
+                raise TypeError(f"Recipe.stages[{i}]: expected a Stage or FlowStage, got "
+                                f"{type(stage).__name__}")  # fmt: skip
         names = [s.name for s in self.stages]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -289,8 +294,25 @@ class Recipe:
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
         """The objective and rollout (None unless GRPO or PPO) a stage trains with."""
+        return self._parts(stage, start, 0)[:2]
+
+    def _parts(self, stage: Stage, start: Any, index: int) -> tuple[Any, Any, Any, Any]:
+        """The objective, the rollout, the data (None: the stage's dataset) and the run
+        directory's ``start`` callback (None: nothing to open) of ``stage``."""
         data, kind = stage.data, str(stage.kind)  # __post_init__ resolved the kind
         options: dict[str, Any] = {}
+        grpo = {"beta": stage.beta, "groups": stage.groups,
+                "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
+                "top_k": stage.sample, "eos_id": stage.eos_id, "estimator": stage.estimator,
+                **{key: getattr(stage, key) for key in LOSS_KEYS}}  # fmt: skip
+        if stage.source is not None:  # tool episodes (dew.recipes.environment_run)
+            from dew.recipes.environment_run import episode_parts
+
+            parts = episode_parts(stage.source, self.model, grpo, pretrained=start,
+                                  batch=self.batch, seed=_seed(self.key, index),
+                                  progress=self.progress,
+                                  where=f"Stage.source ({stage.name})")  # fmt: skip
+            return parts["objective"], parts["rollout"], parts["data"], parts["start"]
         if stage.kind == "dpo":
             options = {"beta": stage.beta, "nll_weight": stage.nll_weight}
             width = data.seq_len
@@ -298,20 +320,20 @@ class Recipe:
             options = stage.ppo_options()
             width = data.max_prompt_len + stage.max_new_tokens
         elif stage.kind == "grpo":
-            options = {"beta": stage.beta, "groups": stage.groups,
-                       "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
-                       "top_k": stage.sample, "eos_id": stage.eos_id,
-                       "estimator": stage.estimator,
-                       **{key: getattr(stage, key) for key in LOSS_KEYS}}  # fmt: skip
+            options = grpo
             width = data.max_prompt_len + stage.max_new_tokens
         else:  # the SFT row is seq_len + 1 ids wide
             width = data.seq_len + 1
-        return build_stage(kind, self.model, width, options, pretrained=start,
-                           reward=stage.reward, decode=stage.decode,
-                           where=f"Stage ({stage.name})")  # fmt: skip
+        objective, rollout = build_stage(kind, self.model, width, options, pretrained=start,
+                                         reward=stage.reward, decode=stage.decode,
+                                         where=f"Stage ({stage.name})")  # fmt: skip
+        return objective, rollout, None, None
 
     def run(self) -> list[Any]:
-        """Train (or restore) every stage in order; returns each stage's final ``TrainState``."""
+        """Train (or restore) every stage in order; returns each stage's final ``TrainState``.
+
+        A text stage starts from the last text stage's policy (a ``FlowStage`` in between
+        trains its own model and passes nothing on)."""
         from dew.trainer import Trainer
 
         output = Path(self.output)
@@ -319,9 +341,16 @@ class Recipe:
         start = None if self.pretrained is None else jax.device_get(self.pretrained)
         states = []
         # every stage's data is read (and checked) before the first stage trains
-        datasets = [stage.data.load(self.batch) for stage in self.stages]
+        datasets = [stage.data.load(self.batch) if isinstance(stage, Stage) and stage.data
+                    is not None else None for stage in self.stages]  # fmt: skip
         for index, stage in enumerate(self.stages):
-            objective, rollout = self.objective(stage, start)
+            if isinstance(stage, FlowStage):
+                states.append(stage.train(output / stage.name, batch=self.batch,
+                                          seed=_seed(self.key, index), log_every=self.log_every,
+                                          progress=self.progress,
+                                          checkpoint_every=self.checkpoint_every))  # fmt: skip
+                continue
+            objective, rollout, data, opened = self._parts(stage, start, index)
             trainer = Trainer(
                 objective,
                 self.optimizer(stage) if callable(self.optimizer) else self.optimizer,
@@ -331,15 +360,15 @@ class Recipe:
                 checkpoint_every=self.checkpoint_every,
             )
             with contextlib.ExitStack() as stack:
-                data = datasets[index]
+                data = datasets[index] if data is None else data
                 if stage.rollout is not None and stage.rollout.is_async:
                     from dew.recipes.async_run import attach
 
-                    seed = int(jax.random.randint(jax.random.fold_in(self.key, index), (), 0,
-                                                  2**31 - 1))  # fmt: skip
-                    data = attach(trainer, data, stage.rollout, batch=self.batch, seed=seed,
-                                  run_dir=output / stage.name, stack=stack,
-                                  where=f"Stage.rollout ({stage.name})")  # fmt: skip
+                    data = attach(trainer, data, stage.rollout, batch=self.batch,
+                                  seed=_seed(self.key, index), run_dir=output / stage.name,
+                                  stack=stack, where=f"Stage.rollout ({stage.name})")  # fmt: skip
+                if opened is not None:  # the episode log and journal of an environment source
+                    opened(str(output / stage.name), stack)
                 state = trainer.fit(data, steps=stage.steps, log_every=self.log_every,
                                     run_dir=output / stage.name)  # fmt: skip
             states.append(state)
@@ -348,6 +377,11 @@ class Recipe:
             policy_of = getattr(objective, "policy_variables", None)  # PPO: drop the critic
             start = start if policy_of is None else policy_of(start)
         return states
+
+
+def _seed(key: jax.Array, index: int) -> int:
+    """An int seed for stage ``index`` drawn from the chain's key."""
+    return int(jax.random.randint(jax.random.fold_in(key, index), (), 0, 2**31 - 1))
 
 
 __all__ = ["Recipe", "Stage"]

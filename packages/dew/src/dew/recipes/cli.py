@@ -149,21 +149,26 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     if str(base) not in sys.path:
         sys.path.insert(0, str(base))
     batch, seed, log_every = _top_level(config, path)
-    model_cfg = model_config(_model_spec(config, base))
+    model_cfg = model_config(_model_spec(config, base)) if "model" in config else None
     stage_specs = config["stages"]
     if not isinstance(stage_specs, list) or not stage_specs:
         raise ConfigError(f"stages: expected a non-empty list of stages, got {stage_specs!r}")
+    output = Path(os.path.expanduser(str(config["output"])))
+    output = output if output.is_absolute() else base / output
+    directory_path(output, "output")
     valid = _stage_keys()
     optimizers: dict[str, Any] = {}
     stages = []
     for i, spec in enumerate(stage_specs):
-        stage, optimizer = _stage(config, spec, f"stages.{i}", base, valid, stack)
+        where = f"stages.{i}"
+        stage, optimizer = _stage(config, spec, where, (base, output, batch), valid, stack)
         optimizers[stage.name] = optimizer
         stages.append(stage)
-    model, pretrained = build_model(model_cfg)
-    output = Path(os.path.expanduser(str(config["output"])))
-    output = output if output.is_absolute() else base / output
-    directory_path(output, "output")
+    model, pretrained = None, None
+    if any(optimizer is not None for optimizer in optimizers.values()):  # a decoder stage
+        if model_cfg is None:
+            raise ConfigError(f"model: required, missing from {path} (the text stages' decoder)")
+        model, pretrained = build_model(model_cfg, **_episode_room(stages))
     return Recipe(
         model=model,
         optimizer=lambda stage: optimizers[stage.name],
@@ -176,12 +181,29 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
     )
 
 
+def _episode_room(stages: Sequence[Any]) -> dict[str, Any]:
+    """``build_model``'s ``max_seq_len`` and ``length_from`` for the longest turn of the
+    stages on tool episodes (sampling pads the context and the turn each to a power of
+    two, at least 16); empty without such a stage."""
+    from dew.inference.compiled import bucket
+
+    needs = [(bucket(s.source.max_prompt_tokens) + bucket(s.max_new_tokens), i, s)
+             for i, s in enumerate(stages) if getattr(s, "source", None) is not None]  # fmt: skip
+    if not needs:
+        return {}
+    room, i, stage = max(needs, key=lambda need: need[0])
+    why = (f"stages.{i}.source.max_prompt_tokens {stage.source.max_prompt_tokens} + "
+           f"stages.{i}.max_new_tokens {stage.max_new_tokens} need ({room}; sampling pads "
+           "each to a power of two, at least 16)")  # fmt: skip
+    return {"max_seq_len": room, "length_from": why}
+
+
 def _top_level(config: Mapping[str, Any], path: Path) -> tuple[int, int, int | None]:
     """Check the top-level keys and return ``batch``, ``seed`` and ``log_every``."""
     for key in config:
         if key not in _TOP_KEYS:
             raise unknown_key("", str(key), _TOP_KEYS)
-    for key in ("output", "batch", "model", "stages"):
+    for key in ("output", "batch", "stages"):
         if key not in config:
             raise ConfigError(f"{key}: required, missing from {path}")
     batch = config["batch"]
@@ -207,21 +229,36 @@ def _model_spec(config: Mapping[str, Any], base: Path) -> Any:
     return model_spec
 
 
-def _stage(config: Mapping[str, Any], spec: Any, where: str, base: Path, valid: Sequence[str],
-           stack: contextlib.ExitStack | None) -> tuple[Any, Any]:  # fmt: skip
-    """One checked ``Stage`` of the config and the optimizer built for its steps."""
+def _stage(config: Mapping[str, Any], spec: Any, where: str, at: tuple[Path, Path, int],
+           valid: Sequence[str], stack: contextlib.ExitStack | None) -> tuple[Any, Any]:  # fmt: skip
+    """One checked stage of the config and the optimizer built for its steps (None for a
+    flow stage, which builds its own); ``at`` is the config's directory, the output and the
+    batch."""
     from dew.recipes.builder import build_optimizer, optimizer_config, schedule_config
     from dew.recipes.chain import Stage
+    from dew.recipes.flow_cli import FLOW_KINDS
+    from dew.recipes.source_config import stage_source
 
+    base, output, batch = at
     if not isinstance(spec, Mapping):
         raise ConfigError(f"{where}: expected a mapping of keys, got {spec!r}")
     spec = dict(spec)
-    for key in spec:
-        if key not in valid:
-            raise unknown_key(where, str(key), valid)
     steps = spec.get("steps")
     if not is_int(steps) or steps < 1:
         raise ConfigError(f"{where}.steps: expected a positive integer, got {steps!r}")
+    if spec.get("kind") in FLOW_KINDS:  # dew-flow's Flow-GRPO (dew.recipes.flow_stage)
+        from dew.recipes.flow_stage import flow_stage
+
+        return flow_stage(spec, where, config, output, batch), None
+    for key in spec:
+        if key not in valid:
+            raise unknown_key(where, str(key), valid)
+    source = stage_source(spec, where, base)  # tool episodes instead of data
+    if source is not None:
+        from dew.recipes.environment_run import episode_source
+
+        episode_source(source, f"{where}.source")  # the worker's keys and the verifier
+        spec.pop("rollout", None)  # mode sync, checked
     opt = optimizer_config(
         _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),
         f"{where}.optimizer",
@@ -231,7 +268,8 @@ def _stage(config: Mapping[str, Any], spec: Any, where: str, base: Path, valid: 
         f"{where}.schedule",
     )
     data_spec = spec.pop("data", None)
-    data = _dataset(data_spec, base, f"{where}.data")
+    data = None if source is not None else _dataset(data_spec, base, f"{where}.data")
+    spec["source"] = source
     _check_loss(spec, where)
     if spec.get("rollout") is not None:
         from dew.recipes.async_run import stage_rollout
@@ -303,63 +341,6 @@ def add_chain_command(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-CHAIN_CONFIG = "chain-config.json"
-#: Keys a rerun may change without retraining anything.
-_MAY_CHANGE = {"log_every"}
-
-
-def _differences(old: Any, new: Any, where: str = "") -> list[str]:
-    """The dotted keys whose values differ between two config mappings."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        out = []
-        for key in sorted(set(old) | set(new), key=str):
-            path = f"{where}.{key}" if where else str(key)
-            if path in _MAY_CHANGE:
-                continue
-            out += _differences(old.get(key), new.get(key), path)
-        return out
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [
-            d for i, (a, b) in enumerate(zip(old, new)) for d in _differences(a, b, f"{where}.{i}")
-        ]
-    return [] if old == new else [where or "(the whole config)"]
-
-
-def check_chain_output(output: Path, config: Mapping[str, Any]) -> None:
-    """Refuse to continue an output directory whose stages were trained from another config
-    (naming the keys that differ); record the config on a first run."""
-    from dew.files import atomic_write
-    from dew.trainer.checkpoint import list_checkpoints
-
-    record = output / CHAIN_CONFIG
-    trained = output.is_dir() and any(
-        list_checkpoints(stage) for stage in output.iterdir() if stage.is_dir()
-    )
-    if record.is_file() and trained:
-        try:
-            old = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
-            raise ConfigError(f"output: {record} is unreadable ({err})") from None
-        changed = _differences(old, json.loads(json.dumps(config)))
-        if changed:
-            raise ConfigError(
-                f"output: {output} holds stages trained with another config ({', '.join(changed)} "
-                "differ); pass the same config, --fresh to move the old run aside, or another "
-                "output"
-            )
-        return
-    if trained:  # made by Recipe.run from Python, which records no config: adopt it, say so
-        print(
-            f"dew: warning: {output} holds checkpoints but no {CHAIN_CONFIG}; continuing them "
-            "and recording this config (--fresh moves them aside instead)",
-            file=sys.stderr,
-            flush=True,
-        )
-    output.mkdir(parents=True, exist_ok=True)
-    with atomic_write(record, "w") as f:
-        f.write(json.dumps(config, indent=1, sort_keys=True, default=str) + "\n")
-
-
 def run_chain(args: argparse.Namespace) -> int:
     """Run the chain of ``args.config``; prints one line per stage."""
     with contextlib.ExitStack() as stack:  # a code reward's fleet, closed however it ends
@@ -379,6 +360,8 @@ def _run_chain(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         moved = move_aside(str(output))
         if moved:
             print(f"dew: moved the earlier run to {moved}", flush=True)
+    from dew.recipes.chain_output import check_chain_output
+
     check_chain_output(output, config)
     states = recipe.run()
     for stage, state in zip(recipe.stages, states):

@@ -30,7 +30,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -114,25 +114,22 @@ class EpisodeLog:
         self.file.flush()
 
 
-def _verifier(source: SourceConfig) -> Callable[[Any], float]:
-    if source.verifier == OUTCOME:
-        return outcome_reward
+def episode_source(source: SourceConfig, where: str = "source") -> tuple[Any, Any]:
+    """The worker factory (``dew-sandbox``'s, found by entry point) and the verifier of
+    ``source``, both checked and neither started; errors name ``where.<key>``."""
+    from dew.recipes.plugins import load_plugin
     from dew.recipes.train_data import on_path
 
-    on_path()
-    return make_reward(source.verifier, "source.verifier")
-
-
-def _environment(source: SourceConfig) -> Any:
-    """``dew-sandbox``'s environment factory for the worker keys of ``source``."""
-    from dew.recipes.plugins import load_plugin
-
-    factory = load_plugin("subprocess_environment", "source.kind", "dew-sandbox")
+    factory = load_plugin("subprocess_environment", f"{where}.kind", "dew-sandbox")
     args = {"command": list(source.command), "limits": source.limits, "env": source.env}
     try:
-        return factory(args)
+        environment = factory(args)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"source.{err}") from None
+        raise ConfigError(f"{where}.{err}") from None
+    if source.verifier == OUTCOME:
+        return environment, outcome_reward
+    on_path()
+    return environment, make_reward(source.verifier, f"{where}.verifier")
 
 
 def _model(config: TrainConfig) -> tuple[Any, Any, int]:
@@ -162,26 +159,50 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
     """The parts of a run on tool episodes, as ``dew.recipes.train.Prepared``'s keyword
     arguments: ``data``, ``objective``, ``rollout``, ``model``, ``vocab_size``, ``start``
     (see the module docstring). Nothing starts yet: the workers start with the episodes."""
+    source, o, r = config.source, config.objective, config.run
+    assert source is not None
+    model, pretrained, vocab = _model(config)
+    options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
+    parts = episode_parts(source, model, options, pretrained=pretrained, batch=r.batch,
+                          seed=r.seed, progress=r.progress)  # fmt: skip
+    return {**parts, "model": model, "vocab_size": vocab}
+
+
+def episode_parts(
+    source: SourceConfig,
+    model: Any,
+    options: Mapping[str, Any],
+    *,
+    pretrained: Any,
+    batch: int,
+    seed: int,
+    progress: bool | None = None,
+    where: str = "source",
+) -> dict[str, Any]:
+    """GRPO on ``source``'s tool episodes for ``model``: ``data`` (``task_ids``),
+    ``objective`` (over rows ``source.max_prompt_tokens + max_new_tokens`` wide), ``rollout``
+    (``EpisodeRollout``) and ``start(run_dir, stack)``, which opens the run directory's
+    ``episodes.jsonl`` and journal. ``options`` are ``build_stage``'s GRPO keys (an
+    ``eos_id`` is needed: it ends a turn); ``pretrained`` is the policy's start (the
+    reference when ``beta > 0``). ``dew train grpo`` and ``dew chain`` both build here."""
     from dew.inference import TextGeneration
     from dew.objectives.rl import EpisodeRollout
     from dew.recipes.stages import build_stage
     from dew.sampling import Sampling
 
-    source, o = config.source, config.objective
-    assert isinstance(source, SourceConfig)
-    environment = _environment(source)
-    verifier = _verifier(source)
-    model, pretrained, vocab = _model(config)
-    width = source.max_prompt_tokens + o.max_new_tokens
-    options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
-    objective, _ = build_stage("grpo", model, width, options, pretrained=pretrained,
-                               reward=_unused_reward)  # fmt: skip
+    environment, verifier = episode_source(source, where)
+    new = int(options.get("max_new_tokens", 16))
+    objective, _ = build_stage("grpo", model, source.max_prompt_tokens + new, options,
+                               pretrained=pretrained, reward=_unused_reward)  # fmt: skip
     log = EpisodeLog()
-    sampling = Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=o.eos_id)
+    temperature = options.get("temperature")
+    sampling = Sampling(temperature=1.0 if temperature is None else float(temperature),
+                        top_k=options.get("top_k"), eos_id=options.get("eos_id"))  # fmt: skip
     rollout = EpisodeRollout(TextGeneration(model), environment, verifier,
-                             source.max_prompt_tokens, o.max_new_tokens, source.max_turns,
-                             o.groups, sampling, estimator=o.estimator, record=log,
-                             progress=config.run.progress)  # fmt: skip
+                             source.max_prompt_tokens, new, source.max_turns,
+                             options.get("groups", 4), sampling,
+                             estimator=options.get("estimator", "group"), record=log,
+                             progress=progress)  # fmt: skip
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
@@ -192,9 +213,9 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
             run_stack.callback(rollout.journal.close)
             run_stack.callback(setattr, rollout, "journal", None)
 
-    data = task_ids(source.tasks, config.run.batch, config.run.seed)
-    return {"data": data, "objective": objective, "rollout": rollout, "model": model,
-            "vocab_size": vocab, "start": start}  # fmt: skip
+    data = task_ids(source.tasks, batch, seed)
+    return {"data": data, "objective": objective, "rollout": rollout, "start": start}
 
 
-__all__ = ["EpisodeLog", "outcome_reward", "prepare_environment", "task_ids"]
+__all__ = ["EpisodeLog", "episode_parts", "episode_source", "outcome_reward",
+           "prepare_environment", "task_ids"]  # fmt: skip

@@ -147,10 +147,15 @@ class SourceConfig:
             )
 
 
-def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None:
+def source_section(
+    mapping: Mapping[str, Any], kind: str, *, stage: bool = False
+) -> SourceConfig | None:
     """The ``source`` section of a config of ``kind`` (``mapping`` is the whole config):
     a ``SourceConfig`` for ``kind: environment``, None for ``prompts`` or no section
     (``kind: harbor`` is read by ``dew.recipes.harbor_config.harbor_section``).
+
+    ``stage``: ``mapping`` is a ``dew chain`` stage, whose objective keys (``reward``,
+    ``eos_id``, ...) sit in the stage itself rather than in an ``objective`` section.
 
     Raises:
       ConfigError: an unknown kind or key, a bad value, a key only ``environment`` reads
@@ -168,25 +173,68 @@ def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None
                                   "is prompts)")  # fmt: skip
         return None
     if kind != "grpo":
-        raise ConfigError(f"source.kind: environment episodes train with 'dew train grpo', "
-                          f"not 'dew train {kind}'")  # fmt: skip
-    _check_rest(mapping)
+        command = f"a grpo stage, not a {kind} one" if stage else f"'dew train grpo', not " \
+            f"'dew train {kind}'"  # fmt: skip
+        raise ConfigError(f"source.kind: environment episodes train with {command}")
+    _check_rest(mapping, stage)
     return config
 
 
-def _check_rest(mapping: Mapping[str, Any]) -> None:
-    """Refuse what a config of environment episodes does not read."""
+def stage_source(spec: Mapping[str, Any], where: str, base: str | os.PathLike[str]) -> Any:
+    """The checked ``source`` of the ``dew chain`` stage ``spec`` at ``where``
+    (``stages.<i>``): a ``SourceConfig`` for ``kind: environment``, else None. The command's
+    file arguments are read from ``base`` (the config file's directory) as ``dew train``
+    reads them; every error names its key under ``where``."""
+    raw = spec.get("source")
+    if isinstance(raw, Mapping) and "command" in raw:
+        raw = {**raw, "command": file_arguments(raw["command"], base)}
+    try:
+        return source_section({**spec, "source": raw}, spec.get("kind") or "grpo", stage=True)
+    except ConfigError as err:
+        raise ConfigError(f"{where}.{err}") from None
+
+
+def check_source_stage(stage: Any) -> None:
+    """Refuse a ``dew.recipes.chain.Stage`` with an environment ``source`` that has a dataset
+    or a reward (the tasks are its data, the verifier scores), no ``eos_id`` (it ends a
+    turn) or an asynchronous rollout (episodes are collected in the trainer).
+
+    Raises:
+      TypeError: ``stage.source`` is no ``SourceConfig`` of kind environment.
+      ValueError: any of the above, naming the field and the stage.
+    """
+    name, source = stage.name, stage.source
+    if not isinstance(source, SourceConfig) or source.kind != "environment":
+        raise TypeError(f"Stage.source ({name}): expected a SourceConfig of kind environment, "
+                        f"got {source!r}")  # fmt: skip
+    for key, value in {"data": stage.data, "reward": stage.reward}.items():
+        if value is not None:
+            raise ValueError(
+                f"Stage.{key} ({name}): a stage of environment episodes takes "
+                "none (source.tasks are its data, source.verifier scores)"
+            )
+    if stage.eos_id is None:
+        raise ValueError(f"Stage.eos_id ({name}): required with an environment source (the "
+                         "id that ends a turn), missing")  # fmt: skip
+    if stage.rollout is not None and stage.rollout.is_async:
+        raise ValueError(f"Stage.rollout ({name}): an environment source collects episodes in "
+                         "the trainer (mode sync)")  # fmt: skip
+
+
+def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
+    """Refuse what a config (or chain stage) of environment episodes does not read."""
     if mapping.get("data"):
         raise ConfigError("data: source.kind environment draws task ids from source.tasks and "
                           "reads no data section")  # fmt: skip
-    objective = mapping.get("objective") or {}
+    objective = mapping if stage else mapping.get("objective") or {}
+    prefix = "" if stage else "objective."
     if isinstance(objective, Mapping):
         for key in ("reward", "reward_args"):
             if objective.get(key) is not None:
-                raise ConfigError(f"objective.{key}: source.kind environment scores episodes "
+                raise ConfigError(f"{prefix}{key}: source.kind environment scores episodes "
                                   "with source.verifier")  # fmt: skip
         if objective.get("eos_id") is None:
-            raise ConfigError("objective.eos_id: required with source.kind environment (the "
+            raise ConfigError(f"{prefix}eos_id: required with source.kind environment (the "
                               "id that ends a turn), missing")  # fmt: skip
     rollout = mapping.get("rollout") or {}
     if isinstance(rollout, Mapping) and rollout.get("mode", "sync") != "sync":
@@ -194,5 +242,6 @@ def _check_rest(mapping: Mapping[str, Any]) -> None:
                           f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
 
 
-__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SourceConfig", "file_arguments",
-           "resolve_command", "source_section"]  # fmt: skip
+__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SourceConfig", "check_source_stage",
+           "file_arguments",
+           "resolve_command", "source_section", "stage_source"]  # fmt: skip
