@@ -29,6 +29,12 @@ for the whole chain); a class is made with ``reward_args`` as keyword arguments
 (``dew.recipes.references.make_reward``, as ``dew train`` does). When a GRPO stage's prompts
 name a ``tokenizer``, its reward receives the completions decoded to text.
 
+A GRPO stage may give ``dew train grpo``'s ``source`` section (``kind: environment``: tool
+episodes against a worker, no ``data`` or ``reward``; ``dew.recipes.source_config.stage_source``,
+errors named ``stages.N.source.<key>``). A stage of ``kind: flow`` (alias ``flow-grpo``) gives
+``dew train flow``'s sections but ``run`` (``dew.recipes.flow_stage``); ``model`` is required
+only when a text stage needs the decoder.
+
 The whole config is checked before any stage trains: every key (an unknown one is refused
 naming the nearest valid key), every value, every local file, every reward import and every
 dataset's rows. ``overrides`` (``--set stages.0.steps=10``) change keys before the check.
