@@ -160,7 +160,7 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
     arguments: ``data``, ``objective``, ``rollout``, ``model``, ``vocab_size``, ``start``
     (see the module docstring). Nothing starts yet: the workers start with the episodes."""
     source, o, r = config.source, config.objective, config.run
-    assert source is not None
+    assert isinstance(source, SourceConfig)
     model, pretrained, vocab = _model(config)
     options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
     parts = episode_parts(source, model, options, pretrained=pretrained, batch=r.batch,
