@@ -1,4 +1,4 @@
-"""A ``dew train grpo`` run on tool episodes: ``source: {kind: environment}``.
+"""A ``dew train grpo`` or ``dew train ppo`` run on tool episodes: ``source: {kind: environment}``.
 
 ``prepare_environment(config, stack)`` turns a checked config whose ``source`` is a
 ``SourceConfig`` into the pieces ``dew.recipes.train`` trains:
@@ -6,10 +6,12 @@
 - the model, sized for contexts of ``P = source.max_prompt_tokens`` and turns of
   ``R = objective.max_new_tokens`` ids (``model.vocab_size`` is required unless the model is
   pretrained: the worker's ids have no other bound);
-- ``GRPOObjective`` over rows ``P + R`` wide (``seq_len = P + R - 1``);
+- ``GRPOObjective`` (grpo) or ``PPOObjective`` with its critic (ppo) over rows ``P + R``
+  wide (``seq_len = P + R - 1``);
 - the rollout: ``EpisodeRollout`` over ``TextGeneration``, ``objective.groups`` episodes per
   task and ``K = source.max_turns`` turns, each episode in its own worker process
-  (``dew-sandbox``'s ``subprocess_environment``, found by entry point);
+  (``dew-sandbox``'s ``subprocess_environment``, found by entry point); for ppo wrapped in a
+  ``PPORollout`` (GAE over each episode's actions, ``objective.gamma`` and ``lam``);
 - the data: ``task_ids(tasks, batch, seed)``, batches of ``{"task_id": [B]}``;
 - ``start``, run once the run directory is settled: it opens ``RUN_DIR/journal`` (an
   ``EpisodeJournal``, when ``source.journal``) and ``RUN_DIR/episodes.jsonl``, one line per
@@ -158,39 +160,56 @@ def _unused_reward(*args: Any) -> float:  # build_stage's prompt rollout, never 
     raise AssertionError("episodes are scored by source.verifier")
 
 
-def prepare_environment(config: TrainConfig) -> dict[str, Any]:
-    """The parts of a run on tool episodes, as ``dew.recipes.train.Prepared``'s keyword
-    arguments: ``data``, ``objective``, ``rollout``, ``model``, ``vocab_size``, ``start``
-    (see the module docstring). Nothing starts yet: the workers start with the episodes."""
+def _episodes(config: TrainConfig, model: Any, log: EpisodeLog) -> Any:
+    """The ``EpisodeRollout`` of ``config``'s source: ``objective.groups`` episodes per task,
+    each turn sampled by ``TextGeneration(model)``."""
     from dew.inference import TextGeneration
     from dew.objectives.rl import EpisodeRollout
-    from dew.recipes.stages import build_stage
     from dew.sampling import Sampling
 
     source, o = config.source, config.objective
     assert source is not None
-    environment = _environment(source)
-    verifier = _verifier(source)
+    sampling = Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=o.eos_id)
+    estimator = getattr(o, "estimator", "group")  # PPO replaces the advantages with GAE's
+    return EpisodeRollout(TextGeneration(model), _environment(source), _verifier(source),
+                          source.max_prompt_tokens, o.max_new_tokens, source.max_turns,
+                          o.groups, sampling, estimator=estimator, record=log,
+                          progress=config.run.progress)  # fmt: skip
+
+
+def prepare_environment(config: TrainConfig) -> dict[str, Any]:
+    """The parts of a run on tool episodes, as ``dew.recipes.train.Prepared``'s keyword
+    arguments: ``data``, ``objective``, ``rollout``, ``model``, ``vocab_size``, ``start``
+    (see the module docstring). Nothing starts yet: the workers start with the episodes.
+
+    ``dew train grpo`` trains the ``EpisodeRollout`` directly; ``dew train ppo`` wraps it in
+    a ``PPORollout`` (``objective.gamma``, ``objective.lam``), which hands it the policy half
+    of the variables and adds the critic's values and GAE targets."""
+    from dew.recipes.stages import build_stage
+
+    source, o = config.source, config.objective
+    assert source is not None
     model, pretrained, vocab = _model(config)
     width = source.max_prompt_tokens + o.max_new_tokens
     options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
-    objective, _ = build_stage("grpo", model, width, options, pretrained=pretrained,
+    objective, _ = build_stage(config.kind, model, width, options, pretrained=pretrained,
                                reward=_unused_reward)  # fmt: skip
     log = EpisodeLog()
-    sampling = Sampling(temperature=o.temperature, top_k=o.top_k, eos_id=o.eos_id)
-    rollout = EpisodeRollout(TextGeneration(model), environment, verifier,
-                             source.max_prompt_tokens, o.max_new_tokens, source.max_turns,
-                             o.groups, sampling, estimator=o.estimator, record=log,
-                             progress=config.run.progress)  # fmt: skip
+    episodes = _episodes(config, model, log)
+    rollout = episodes
+    if config.kind == "ppo":
+        from dew.objectives.rl import PPORollout
+
+        rollout = PPORollout(objective, episodes, gamma=o.gamma, lam=o.lam)
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
         if source.journal:
             from dew.objectives.rl import EpisodeJournal
 
-            rollout.journal = EpisodeJournal(os.path.join(run_dir, "journal"))
-            run_stack.callback(rollout.journal.close)
-            run_stack.callback(setattr, rollout, "journal", None)
+            episodes.journal = EpisodeJournal(os.path.join(run_dir, "journal"))
+            run_stack.callback(episodes.journal.close)
+            run_stack.callback(setattr, episodes, "journal", None)
 
     data = task_ids(source.tasks, config.run.batch, config.run.seed)
     return {"data": data, "objective": objective, "rollout": rollout, "model": model,

@@ -1,4 +1,4 @@
-"""The ``source`` section of a ``dew train grpo`` config: where the training episodes come from.
+"""The ``source`` section of a ``dew train grpo`` or ``ppo`` config: where the episodes come from.
 
 ``kind: prompts`` (the default, also when the section is left out) trains on the prompts of
 ``data.path``, one completion per sample. ``kind: environment`` trains on multi-turn tool
@@ -24,6 +24,9 @@ the working directory is stored as an absolute path; other arguments are passed 
 ``detail`` of its final ``completed`` reply read as a number; ``module:object`` names a
 function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Episode``.
 
+``dew train ppo`` takes the same section: its episodes are wrapped in a ``PPORollout``
+(``objective.gamma``, ``objective.lam``; a critic in the checkpoint).
+
 With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
 ``objective.reward`` (the verifier scores), needs ``objective.eos_id`` (the id that ends a
 turn) and ``rollout.mode: sync`` (asynchronous episodes are not wired yet).
@@ -44,6 +47,8 @@ from dew.checks import is_int
 from dew.recipes.schema import ConfigError, section
 
 SOURCE_KINDS = ("prompts", "environment")
+#: The ``dew train`` kinds that take ``kind: environment``.
+SOURCE_TRAINERS = ("grpo", "ppo")
 #: The keys only ``kind: environment`` reads.
 ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
                     "verifier", "journal")  # fmt: skip
@@ -147,7 +152,7 @@ def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None
 
     Raises:
       ConfigError: an unknown kind or key, a bad value, a key only ``environment`` reads
-        given with ``prompts``, ``source`` on another kind than grpo, or a section of the
+        given with ``prompts``, ``environment`` on another kind than grpo or ppo, or a section of the
         rest of the config that ``environment`` does not read (see the module docstring).
     """
     raw = mapping.get("source")
@@ -160,9 +165,9 @@ def source_section(mapping: Mapping[str, Any], kind: str) -> SourceConfig | None
                 raise ConfigError(f"source.{key}: only source.kind environment reads it (kind "
                                   "is prompts)")  # fmt: skip
         return None
-    if kind != "grpo":
-        raise ConfigError(f"source.kind: environment episodes train with 'dew train grpo', "
-                          f"not 'dew train {kind}'")  # fmt: skip
+    if kind not in SOURCE_TRAINERS:
+        raise ConfigError(f"source.kind: environment episodes train with 'dew train grpo' or "
+                          f"'dew train ppo', not 'dew train {kind}'")  # fmt: skip
     _check_rest(mapping)
     return config
 
@@ -187,5 +192,5 @@ def _check_rest(mapping: Mapping[str, Any]) -> None:
                           f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
 
 
-__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SourceConfig", "file_arguments",
+__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SOURCE_TRAINERS", "SourceConfig", "file_arguments",
            "resolve_command", "source_section"]  # fmt: skip
