@@ -18,6 +18,12 @@
   finished episode (``step``, ``task``, ``sample``, ``status``, ``turns``, ``reward``,
   ``detail``; an episode replayed from the journal after a crash is written again).
 
+With ``rollout.mode: async`` (grpo) ``dew.recipes.async_run.attach`` hands the
+``EpisodeRollout``'s environment, verifier and budgets to ``dew-rollout``'s scheduler, which
+runs the episodes on its engine one batch ahead of the update; ``EpisodeLog.batch`` then
+writes ``episodes.jsonl`` (with each episode's ``version`` and ``lag``), and the scheduler's
+``RUN_DIR/rollout-journal`` replaces the episode journal (``source.journal`` is not read).
+
 The verifier ``outcome`` (``outcome_reward``) reads the worker's verdict: the ``detail`` of a
 completed episode as a finite number. Episodes that did not complete (cut at a budget, an
 error) are masked from the loss and the baseline whatever they score, and get 0.
@@ -32,7 +38,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -105,13 +111,32 @@ class EpisodeLog:
         self.path = self.file = None
 
     def __call__(self, episode: Any) -> None:
+        """One finished ``Episode`` of the trainer's own collection (mode sync)."""
+        entry = {"step": episode.id.step, "task": episode.id.task, "sample": episode.id.sample,
+                 "status": str(episode.status), "turns": len(episode.actions),
+                 "reward": episode.reward, "detail": episode.detail}  # fmt: skip
+        self._write(entry)
+
+    def batch(self, line: Mapping[str, Any], sessions: Sequence[Any]) -> None:
+        """The asynchronous run's record (``rollout.mode: async``): one line per admitted
+        session (a ``dew.sessions.Session``) of the training batch ``line`` describes (its
+        ``rollout.jsonl`` line), with the batch's ``step`` and ``index``, the session's
+        ``version`` (the oldest weights any of its turns drew with) and ``lag`` (updates
+        committed when it trained minus that version)."""
+        for session in sessions:
+            versions = [int(call.version) for call in session.calls]
+            version = min(versions) if versions else int(line["updates"])
+            self._write({"step": line["step"], "index": line["index"], "task": session.task,
+                         "sample": session.sample, "status": str(session.status),
+                         "turns": len(session.calls), "reward": session.reward,
+                         "detail": session.detail, "version": version,
+                         "lag": int(line["updates"]) - version})  # fmt: skip
+
+    def _write(self, entry: Mapping[str, Any]) -> None:
         if self.path is None:
             return
         if self.file is None:
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
-        entry = {"step": episode.id.step, "task": episode.id.task, "sample": episode.id.sample,
-                 "status": str(episode.status), "turns": len(episode.actions),
-                 "reward": episode.reward, "detail": episode.detail}  # fmt: skip
         self.file.write(json.dumps(entry, sort_keys=True) + "\n")
         self.file.flush()
 
@@ -197,6 +222,7 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
     log = EpisodeLog()
     episodes = _episodes(config, model, log)
     rollout = episodes
+    asynchronous = config.rollout is not None and config.rollout.is_async
     if config.kind == "ppo":
         from dew.objectives.rl import PPORollout
 
@@ -204,7 +230,7 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
-        if source.journal:
+        if source.journal and not asynchronous:  # the scheduler keeps its own journal
             from dew.objectives.rl import EpisodeJournal
 
             episodes.journal = EpisodeJournal(os.path.join(run_dir, "journal"))

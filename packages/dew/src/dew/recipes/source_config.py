@@ -20,7 +20,8 @@ episodes against a worker process that speaks ``dew-sandbox``'s JSON-lines proto
 directory) and stored as an absolute path; a missing one is refused here, before anything
 starts. The worker runs in a fresh temporary directory, so an argument naming an existing
 file relative to the config file's directory (``dew.cli`` applies ``file_arguments``) or to
-the working directory is stored as an absolute path; other arguments are passed as written. ``verifier: outcome`` scores an episode by the worker's own verdict: the
+the working directory is stored as an absolute path; other arguments are passed as written.
+``verifier: outcome`` scores an episode by the worker's own verdict: the
 ``detail`` of its final ``completed`` reply read as a number; ``module:object`` names a
 function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Episode``.
 
@@ -28,8 +29,11 @@ function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Ep
 (``objective.gamma``, ``objective.lam``; a critic in the checkpoint).
 
 With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
-``objective.reward`` (the verifier scores), needs ``objective.eos_id`` (the id that ends a
-turn) and ``rollout.mode: sync`` (asynchronous episodes are not wired yet).
+``objective.reward`` (the verifier scores) and needs ``objective.eos_id`` (the id that ends
+a turn). ``dew train grpo`` with ``rollout.mode: async`` draws the episodes one batch ahead
+through ``dew-rollout``'s scheduler on the native engine (``rollout.engine.kind`` ``vllm`` or
+``sglang`` is refused: their servers are not wired to tool episodes); its journal
+``RUN_DIR/rollout-journal`` then makes resumes exact, and ``journal`` is not read.
 
 ``source_section(mapping, kind)`` checks the section against the whole config mapping and
 returns a ``SourceConfig`` for ``environment``, None for ``prompts``.
@@ -187,9 +191,13 @@ def _check_rest(mapping: Mapping[str, Any]) -> None:
             raise ConfigError("objective.eos_id: required with source.kind environment (the "
                               "id that ends a turn), missing")  # fmt: skip
     rollout = mapping.get("rollout") or {}
-    if isinstance(rollout, Mapping) and rollout.get("mode", "sync") != "sync":
-        raise ConfigError(f"rollout.mode: source.kind environment collects episodes in the "
-                          f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
+    if not isinstance(rollout, Mapping):  # rollout_config names it
+        return
+    engine = rollout.get("engine")
+    kind = engine.get("kind", "native") if isinstance(engine, Mapping) else "native"
+    if rollout.get("mode") == "async" and kind != "native":
+        raise ConfigError(f"rollout.engine.kind: source.kind environment draws its episodes "
+                          f"from the native engine, got {kind!r}")  # fmt: skip
 
 
 __all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SOURCE_TRAINERS", "SourceConfig", "file_arguments",
