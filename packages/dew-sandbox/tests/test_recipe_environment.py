@@ -1,5 +1,5 @@
-"""``source: {kind: environment}`` in ``dew train grpo`` configs: tool episodes against a real
-worker process from one config file. A run trains on the worker's episodes and leaves no
+"""``source: {kind: environment}`` in ``dew train grpo`` (and ``ppo``) configs: tool episodes
+against a real worker process from one config file. A run trains on the worker's episodes and leaves no
 worker behind, a ``dew train grpo`` process killed with SIGKILL after its first checkpoint
 resumes (through its episode journal) to the bit-identical final state, and bad configs are
 one-line errors naming the key."""
@@ -136,6 +136,41 @@ def test_a_config_trains_grpo_on_worker_episodes(tmp_path, capsys) -> None:
     assert workers_alive(worker) == []
 
 
+def test_a_config_trains_ppo_with_a_critic_on_worker_episodes(worker, tmp_path, capsys) -> None:
+    import jax
+
+    from dew.objectives.rl import ValueHead
+    from dew.recipes.builder import build_model, model_config
+    from dew.recipes.generate import load_model
+
+    run_dir = tmp_path / "ppo"
+    config = grpo_config(worker, run_dir, 2)
+    raw = json.loads(config.read_text())
+    raw["objective"].update(gamma=1.0, lam=0.95)
+    config.write_text(json.dumps(raw))
+    assert main(["train", "ppo", "--config", str(config)]) == 0
+    assert "trained to step 2 (2 updates)" in capsys.readouterr().out
+    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(np.isfinite(m["loss"]) and m["critic/loss"] > 0 for m in metrics)
+    episodes = [json.loads(line) for line in open(run_dir / "episodes.jsonl")]
+    assert len(episodes) == 2 * 2 * 4 and {e["step"] for e in episodes} == {1, 2}
+    assert {e["status"] for e in episodes} <= {"completed", "truncated"}
+    # the checkpoint holds the critic (a ValueHead on the policy's decoder: its leaves come
+    # first after step and updates), then the policy
+    model, _ = build_model(model_config({**MODEL, "max_seq_len": 32}))
+    ids = np.zeros((1, 1), np.int32)
+    critic = jax.tree.leaves(jax.eval_shape(lambda: ValueHead(model).init(jax.random.key(0), ids)))
+    policy = jax.tree.leaves(jax.eval_shape(lambda: model.init(jax.random.key(0), ids)))
+    saved = [x.shape for x in checkpoint_arrays(run_dir)]
+    assert saved[2 : 2 + len(critic)] == [x.shape for x in critic]
+    assert saved[2 + len(critic) : 2 + len(critic) + len(policy)] == [x.shape for x in policy]
+    loaded = load_model(str(run_dir))  # dew generate reads the policy half
+    assert len(jax.tree.leaves(loaded.variables)) == len(policy)
+    assert json.load(open(run_dir / "config.json"))["kind"] == "ppo"
+    assert workers_alive(worker) == []
+
+
 def dew_process(config: Path) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
@@ -226,8 +261,9 @@ def test_bad_source_keys_are_one_line_errors(worker, tmp_path, capsys, source, e
         ("objective", {"reward": "math", "eos_id": 1}, "objective.reward: source.kind "
                                                        "environment scores episodes"),
         ("objective", {"groups": 4}, "objective.eos_id: required with source.kind environment"),
-        ("rollout", {"mode": "async"}, "rollout.mode: source.kind environment collects episodes "
-                                       "in the trainer"),
+        ("rollout", {"mode": "async", "engine": {"kind": "vllm", "url": "http://127.0.0.1:9"}},
+         "rollout.engine.kind: source.kind environment draws its episodes from the native "
+         "engine, got 'vllm'"),
         ("model", {**MODEL, "vocab_size": None}, "model.vocab_size: required with source.kind "
                                                  "environment"),
     ],

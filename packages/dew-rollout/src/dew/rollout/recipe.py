@@ -8,7 +8,12 @@ calls it with what the config resolved to. It builds, closing each through ``sta
   starting weights behind a ``NativeRolloutServer``, one slot per row; ``vllm`` or
   ``sglang``, ``dew.rollout.engines.engine_server`` (a running server at ``url``, or one
   started from ``launch``, its weights pushed by ``publish``);
-- a ``PromptSource`` scoring each finished completion with the reward;
+- a ``PromptSource`` scoring each finished completion with the reward or, for tool episodes
+  (``source: {kind: environment}``, the native engine only), an ``EnvironmentSource``: each
+  episode's turns are separate requests to the engine, its worker comes from
+  ``environment(identity)`` and ``verifier(episode)`` scores it (the tasks are the batch's
+  ``task_id`` rows; ``record(line, sessions)`` gets each training batch's record and
+  admitted sessions);
 - a ``RolloutScheduler`` with the section's schedule, its ``WeightJournal`` in
   ``RUN_DIR/rollout-journal`` (so a killed run resumes exactly: the batches that were in flight
   are redrawn under the weights they were submitted with) and one JSON line per training
@@ -22,15 +27,18 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dew.rollout.native import NativeRolloutServer
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.scheduler import RolloutScheduler
-from dew.rollout.scheduler.tasks import prompt_tasks
+from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
+from dew.rollout.sources.environment import EnvironmentSource
 from dew.rollout.sources.prompt import PromptSource
 
+#: The keys of ``build_scheduler``'s ``episodes``.
+EPISODE_KEYS = ("environment", "verifier", "max_prompt_tokens", "max_turns")
 #: Where the scheduler's journal and records go, under the run directory.
 JOURNAL, RECORDS = "rollout-journal", "rollout.jsonl"
 
@@ -57,15 +65,37 @@ def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, see
                          stack=stack, nccl_library=engine.nccl_library)  # fmt: skip
 
 
-def _records(run_dir: str, stack: contextlib.ExitStack) -> Callable[[SchedulerRecord], None]:
+def _records(
+    run_dir: str, stack: contextlib.ExitStack, sessions: Callable[[], Any] | None = None,
+    record: Callable[[dict[str, Any], Any], None] | None = None,
+) -> Callable[[SchedulerRecord], None]:  # fmt: skip
+    """A scheduler ``record`` callback appending each line to ``RUN_DIR/rollout.jsonl``; with
+    ``record``, also handing it the line and ``sessions()`` (the batch's admitted sessions)."""
     os.makedirs(run_dir, exist_ok=True)
     out = stack.enter_context(open(os.path.join(run_dir, RECORDS), "a", encoding="utf-8"))
 
-    def log(record: SchedulerRecord) -> None:
-        out.write(json.dumps(record.as_dict(), sort_keys=True) + "\n")
+    def log(line: SchedulerRecord) -> None:
+        entry = line.as_dict()
+        out.write(json.dumps(entry, sort_keys=True) + "\n")
         out.flush()
+        if record is not None:
+            record(entry, None if sessions is None else sessions())
 
     return log
+
+
+def _source(server: Any, reward: Any, decode: Any, episodes: Mapping[str, Any] | None,
+            max_new_tokens: int, sessions: int) -> Any:  # fmt: skip
+    """A ``PromptSource`` (``episodes`` None) or an ``EnvironmentSource`` with a worker
+    thread for each of ``sessions`` sessions in flight."""
+    if episodes is None:
+        return PromptSource(server, reward, max_new_tokens=max_new_tokens, decode=decode)
+    make, verify = episodes["environment"], episodes["verifier"]
+    return EnvironmentSource(server, lambda task, identity: make(identity),
+                             lambda task, episode: verify(episode),
+                             max_prompt_tokens=episodes["max_prompt_tokens"],
+                             max_new_tokens=max_new_tokens, max_turns=episodes["max_turns"],
+                             workers=sessions)  # fmt: skip
 
 
 def build_scheduler(
@@ -73,7 +103,7 @@ def build_scheduler(
     objective: Any,
     model: Any,
     params: Any,
-    reward: Callable[[str, str, str, str], Any],
+    reward: Callable[[str, str, str, str], Any] | None,
     decode: Callable[[Any], str] | None,
     rollout: Any,
     width: int,
@@ -87,29 +117,49 @@ def build_scheduler(
     run_dir: str,
     stack: contextlib.ExitStack,
     progress: bool | None = None,
+    episodes: Mapping[str, Any] | None = None,
+    record: Callable[[dict[str, Any], Any], None] | None = None,
 ) -> RolloutScheduler:
     """The ``RolloutScheduler`` of a config's ``rollout`` section (see the module docstring).
 
     Args:
       objective: the ``GRPOObjective`` trained (rows ``width`` wide).
       model, params: the policy's decoder and its starting variables (served as version 0).
-      reward, decode: the config's reward and ids -> text (None: ids separated by spaces).
+      reward, decode: the config's reward and ids -> text (None: ids separated by spaces);
+        unused with ``episodes``.
       rollout: a ``dew.recipes.rollout_config.RolloutConfig`` in ``mode: async``.
       width: row width W; rows: rows N per step (prompts x groups); groups: samples per
-        prompt (G); max_new_tokens: the response budget R.
+        prompt (G); max_new_tokens: the response budget R (of each turn, for episodes).
       sampling: the ``dew.sampling.Sampling`` completions are drawn with.
       eos_ids: the ids that end a completion (None: none).
       estimator: the advantage estimator (``group``, ``mean`` or ``rloo``).
       seed: the run's seed; run_dir: where the journal and records go.
       stack: closes the server, the source, the records file and the scheduler (in the
         reverse order) when the run ends, fails or is interrupted.
+      episodes: tool episodes instead of prompts, a mapping of ``environment`` (an
+        ``EpisodeId`` -> environment, the tool-episode protocol), ``verifier`` (an
+        ``Episode`` -> float), ``max_prompt_tokens`` (P) and ``max_turns`` (K); the batches
+        then hold integer ``task_id`` rows. The native engine only.
+      record: called after each training batch with its ``rollout.jsonl`` line (a dict) and
+        the batch's admitted ``Session`` list (``scheduler.last_sessions``).
+
+    Raises:
+      ValueError: ``episodes`` with another engine than ``native``.
     """
+    if episodes is not None:
+        episodes = {k: episodes[k] for k in EPISODE_KEYS}
+    if episodes is not None and rollout.engine.kind != "native":
+        raise ValueError(f"rollout.engine.kind: tool episodes draw from the native engine, "
+                         f"got {rollout.engine.kind!r}")  # fmt: skip
     server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack)
-    source = PromptSource(server, reward, max_new_tokens=max_new_tokens, decode=decode)
+    in_flight = rows // groups * (groups + rollout.oversample) * (rollout.ahead + 1)
+    source = _source(server, reward, decode, episodes, max_new_tokens, in_flight)
     stack.callback(source.close)
-    log = _records(run_dir, stack)
+    scheduler: RolloutScheduler | None = None
+    log = _records(run_dir, stack, lambda: scheduler.last_sessions if scheduler else [], record)
     scheduler = RolloutScheduler(
-        objective, source, server, width=width, rows=rows, tasks=prompt_tasks, groups=groups,
+        objective, source, server, width=width, rows=rows,
+        tasks=prompt_tasks if episodes is None else task_ids, groups=groups,
         max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
         max_attempts=rollout.max_attempts, timeout=rollout.timeout,
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
@@ -120,4 +170,4 @@ def build_scheduler(
     return scheduler
 
 
-__all__ = ["JOURNAL", "RECORDS", "build_scheduler"]
+__all__ = ["EPISODE_KEYS", "JOURNAL", "RECORDS", "build_scheduler"]

@@ -9,6 +9,11 @@ through the entry point ``async_rollout`` of the group ``dew.recipes``; ``dew`` 
 the ``SampledRollout``'s reward, decoding, sampling, groups, response budget and estimator,
 and serves the trainer's starting variables as version 0.
 
+A run on tool episodes (``source: {kind: environment}``) builds an ``EpisodeRollout``
+instead; ``attach`` then hands the scheduler its environment factory, verifier, context
+budget and turns (``episodes``), so an ``EnvironmentSource`` runs the episodes on the engine,
+and its ``record`` (``EpisodeLog``) gets each training batch's sessions.
+
 Everything ``attach`` opens (the engine, the reward workers, the scheduler's journal) is
 closed by the caller's ``contextlib.ExitStack``: on a normal end, an error or Ctrl-C.
 """
@@ -42,13 +47,15 @@ def attach(
     stack: contextlib.ExitStack,
     where: str = "rollout",
 ) -> Any:
-    """Replace ``trainer.rollout`` (a ``SampledRollout``) with the asynchronous scheduler
-    ``config`` describes, and return ``data`` wrapped so the scheduler sees each batch as the
-    trainer reads it (train on the returned dataset).
+    """Replace ``trainer.rollout`` (a ``SampledRollout`` or ``EpisodeRollout``) with the
+    asynchronous scheduler ``config`` describes, and return ``data`` wrapped so the scheduler
+    sees each batch as the trainer reads it (train on the returned dataset).
 
     Args:
-      trainer: a ``dew.trainer.Trainer`` built with the stage's ``SampledRollout``.
-      data: the prompts' ``Dataset`` (``Prompts.load(batch)``).
+      trainer: a ``dew.trainer.Trainer`` built with the stage's ``SampledRollout`` (or a
+        tool-episode run's ``EpisodeRollout``).
+      data: the prompts' ``Dataset`` (``Prompts.load(batch)``), or the task ids'
+        (``dew.recipes.environment_run.task_ids``).
       config: the ``rollout`` section, ``mode: async``.
       batch: prompts per step (the scheduler packs ``batch * groups`` rows).
       seed: the run's seed; run_dir: the run directory (journal and records go there).
@@ -61,19 +68,29 @@ def attach(
     import jax
 
     build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
-    sampled = trainer.rollout
-    objective = sampled.objective
+    drawn = trainer.rollout
+    objective = getattr(drawn, "objective", trainer.objective)  # EpisodeRollout has none
     params = jax.device_get(trainer.initial_state().params)
     scheduler = build(
-        objective=objective, model=objective.model, params=params, reward=sampled.reward,
-        decode=sampled.decode, rollout=config, width=objective.width,
-        rows=batch * sampled.groups, groups=sampled.groups,
-        max_new_tokens=sampled.max_new_tokens, sampling=sampled.sampling,
-        eos_ids=_eos_ids(sampled.sampling), estimator=sampled.estimator, seed=seed,
-        run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress,
+        objective=objective, model=objective.model, params=params,
+        rollout=config, width=objective.width, rows=batch * drawn.groups, groups=drawn.groups,
+        max_new_tokens=drawn.max_new_tokens, sampling=drawn.sampling,
+        eos_ids=_eos_ids(drawn.sampling), estimator=drawn.estimator, seed=seed,
+        run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress, **_source(drawn),
     )  # fmt: skip
     trainer.rollout = scheduler
     return scheduler.tasks(data)
+
+
+def _source(drawn: Any) -> dict[str, Any]:
+    """The keywords that tell the scheduler what it draws: a ``SampledRollout``'s reward and
+    decoding, or an ``EpisodeRollout``'s episodes and per-batch ``record``."""
+    if not hasattr(drawn, "environment_factory"):
+        return {"reward": drawn.reward, "decode": drawn.decode}
+    episodes = {"environment": drawn.environment_factory, "verifier": drawn.verifier,
+                "max_prompt_tokens": drawn.max_prompt_tokens, "max_turns": drawn.max_turns}  # fmt: skip
+    record = getattr(drawn.record, "batch", None)
+    return {"reward": None, "decode": None, "episodes": episodes, "record": record}
 
 
 def finish(trainer: Any, state: Any, run_dir: str | os.PathLike[str]) -> None:

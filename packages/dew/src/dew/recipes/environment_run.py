@@ -1,4 +1,4 @@
-"""A ``dew train grpo`` run on tool episodes: ``source: {kind: environment}``.
+"""A ``dew train grpo`` or ``dew train ppo`` run on tool episodes: ``source: {kind: environment}``.
 
 ``prepare_environment(config, stack)`` turns a checked config whose ``source`` is a
 ``SourceConfig`` into the pieces ``dew.recipes.train`` trains:
@@ -6,15 +6,23 @@
 - the model, sized for contexts of ``P = source.max_prompt_tokens`` and turns of
   ``R = objective.max_new_tokens`` ids (``model.vocab_size`` is required unless the model is
   pretrained: the worker's ids have no other bound);
-- ``GRPOObjective`` over rows ``P + R`` wide (``seq_len = P + R - 1``);
+- ``GRPOObjective`` (grpo) or ``PPOObjective`` with its critic (ppo) over rows ``P + R``
+  wide (``seq_len = P + R - 1``);
 - the rollout: ``EpisodeRollout`` over ``TextGeneration``, ``objective.groups`` episodes per
   task and ``K = source.max_turns`` turns, each episode in its own worker process
-  (``dew-sandbox``'s ``subprocess_environment``, found by entry point);
+  (``dew-sandbox``'s ``subprocess_environment``, found by entry point); for ppo wrapped in a
+  ``PPORollout`` (GAE over each episode's actions, ``objective.gamma`` and ``lam``);
 - the data: ``task_ids(tasks, batch, seed)``, batches of ``{"task_id": [B]}``;
 - ``start``, run once the run directory is settled: it opens ``RUN_DIR/journal`` (an
   ``EpisodeJournal``, when ``source.journal``) and ``RUN_DIR/episodes.jsonl``, one line per
   finished episode (``step``, ``task``, ``sample``, ``status``, ``turns``, ``reward``,
   ``detail``; an episode replayed from the journal after a crash is written again).
+
+With ``rollout.mode: async`` (grpo) ``dew.recipes.async_run.attach`` hands the
+``EpisodeRollout``'s environment, verifier and budgets to ``dew-rollout``'s scheduler, which
+runs the episodes on its engine one batch ahead of the update; ``EpisodeLog.batch`` then
+writes ``episodes.jsonl`` (with each episode's ``version`` and ``lag``), and the scheduler's
+``RUN_DIR/rollout-journal`` replaces the episode journal (``source.journal`` is not read).
 
 The verifier ``outcome`` (``outcome_reward``) reads the worker's verdict: the ``detail`` of a
 completed episode as a finite number. Episodes that did not complete (cut at a budget, an
@@ -30,7 +38,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,13 +111,32 @@ class EpisodeLog:
         self.path = self.file = None
 
     def __call__(self, episode: Any) -> None:
+        """One finished ``Episode`` of the trainer's own collection (mode sync)."""
+        entry = {"step": episode.id.step, "task": episode.id.task, "sample": episode.id.sample,
+                 "status": str(episode.status), "turns": len(episode.actions),
+                 "reward": episode.reward, "detail": episode.detail}  # fmt: skip
+        self._write(entry)
+
+    def batch(self, line: Mapping[str, Any], sessions: Sequence[Any]) -> None:
+        """The asynchronous run's record (``rollout.mode: async``): one line per admitted
+        session (a ``dew.sessions.Session``) of the training batch ``line`` describes (its
+        ``rollout.jsonl`` line), with the batch's ``step`` and ``index``, the session's
+        ``version`` (the oldest weights any of its turns drew with) and ``lag`` (updates
+        committed when it trained minus that version)."""
+        for session in sessions:
+            versions = [int(call.version) for call in session.calls]
+            version = min(versions) if versions else int(line["updates"])
+            self._write({"step": line["step"], "index": line["index"], "task": session.task,
+                         "sample": session.sample, "status": str(session.status),
+                         "turns": len(session.calls), "reward": session.reward,
+                         "detail": session.detail, "version": version,
+                         "lag": int(line["updates"]) - version})  # fmt: skip
+
+    def _write(self, entry: Mapping[str, Any]) -> None:
         if self.path is None:
             return
         if self.file is None:
             self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close)
-        entry = {"step": episode.id.step, "task": episode.id.task, "sample": episode.id.sample,
-                 "status": str(episode.status), "turns": len(episode.actions),
-                 "reward": episode.reward, "detail": episode.detail}  # fmt: skip
         self.file.write(json.dumps(entry, sort_keys=True) + "\n")
         self.file.flush()
 
@@ -163,8 +190,10 @@ def prepare_environment(config: TrainConfig) -> dict[str, Any]:
     assert isinstance(source, SourceConfig)
     model, pretrained, vocab = _model(config)
     options = {k: v for k, v in dataclasses.asdict(o).items() if k not in ("reward", "reward_args")}
+    asynchronous = config.rollout is not None and config.rollout.is_async
     parts = episode_parts(source, model, options, pretrained=pretrained, batch=r.batch,
-                          seed=r.seed, progress=r.progress)  # fmt: skip
+                          seed=r.seed, progress=r.progress, kind=config.kind,
+                          asynchronous=asynchronous)  # fmt: skip
     return {**parts, "model": model, "vocab_size": vocab}
 
 
@@ -178,13 +207,19 @@ def episode_parts(
     seed: int,
     progress: bool | None = None,
     where: str = "source",
+    kind: str = "grpo",
+    asynchronous: bool = False,
 ) -> dict[str, Any]:
-    """GRPO on ``source``'s tool episodes for ``model``: ``data`` (``task_ids``),
-    ``objective`` (over rows ``source.max_prompt_tokens + max_new_tokens`` wide), ``rollout``
-    (``EpisodeRollout``) and ``start(run_dir, stack)``, which opens the run directory's
-    ``episodes.jsonl`` and journal. ``options`` are ``build_stage``'s GRPO keys (an
-    ``eos_id`` is needed: it ends a turn); ``pretrained`` is the policy's start (the
-    reference when ``beta > 0``). ``dew train grpo`` and ``dew chain`` both build here."""
+    """``kind`` (grpo or ppo) on ``source``'s tool episodes for ``model``: ``data``
+    (``task_ids``), ``objective`` (over rows ``source.max_prompt_tokens + max_new_tokens``
+    wide), ``rollout`` and ``start(run_dir, stack)``, which opens the run directory's
+    ``episodes.jsonl`` and, unless ``asynchronous`` (the scheduler keeps its own), the
+    episode journal. ``options`` are ``build_stage``'s keys of ``kind`` (an ``eos_id`` is
+    needed: it ends a turn); ``pretrained`` is the policy's start (the reference when
+    ``beta > 0``). GRPO trains the ``EpisodeRollout`` directly; PPO wraps it in a
+    ``PPORollout`` (``options["gamma"]``, ``options["lam"]``), which hands it the policy half
+    of the variables and adds the critic's values and GAE targets. ``dew train`` and
+    ``dew chain`` both build here."""
     from dew.inference import TextGeneration
     from dew.objectives.rl import EpisodeRollout
     from dew.recipes.stages import build_stage
@@ -192,26 +227,31 @@ def episode_parts(
 
     environment, verifier = episode_source(source, where)
     new = int(options.get("max_new_tokens", 16))
-    objective, _ = build_stage("grpo", model, source.max_prompt_tokens + new, options,
+    objective, _ = build_stage(kind, model, source.max_prompt_tokens + new, options,
                                pretrained=pretrained, reward=_unused_reward)  # fmt: skip
     log = EpisodeLog()
     temperature = options.get("temperature")
     sampling = Sampling(temperature=1.0 if temperature is None else float(temperature),
                         top_k=options.get("top_k"), eos_id=options.get("eos_id"))  # fmt: skip
-    rollout = EpisodeRollout(TextGeneration(model), environment, verifier,
-                             source.max_prompt_tokens, new, source.max_turns,
-                             options.get("groups", 4), sampling,
-                             estimator=options.get("estimator", "group"), record=log,
-                             progress=progress)  # fmt: skip
+    episodes = EpisodeRollout(TextGeneration(model), environment, verifier,
+                              source.max_prompt_tokens, new, source.max_turns,
+                              options.get("groups", 4), sampling,
+                              estimator=options.get("estimator", "group"), record=log,
+                              progress=progress)  # fmt: skip
+    rollout: Any = episodes
+    if kind == "ppo":
+        from dew.objectives.rl import PPORollout
+
+        rollout = PPORollout(objective, episodes, gamma=options["gamma"], lam=options["lam"])
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
-        if source.journal:
+        if source.journal and not asynchronous:  # the scheduler keeps its own journal
             from dew.objectives.rl import EpisodeJournal
 
-            rollout.journal = EpisodeJournal(os.path.join(run_dir, "journal"))
-            run_stack.callback(rollout.journal.close)
-            run_stack.callback(setattr, rollout, "journal", None)
+            episodes.journal = EpisodeJournal(os.path.join(run_dir, "journal"))
+            run_stack.callback(episodes.journal.close)
+            run_stack.callback(setattr, episodes, "journal", None)
 
     data = task_ids(source.tasks, batch, seed)
     return {"data": data, "objective": objective, "rollout": rollout, "start": start}

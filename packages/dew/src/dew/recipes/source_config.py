@@ -1,4 +1,4 @@
-"""The ``source`` section of a ``dew train grpo`` config: where the training episodes come from.
+"""The ``source`` section of a ``dew train grpo`` or ``ppo`` config: where the episodes come from.
 
 ``kind: prompts`` (the default, also when the section is left out) trains on the prompts of
 ``data.path``, one completion per sample. ``kind: environment`` trains on multi-turn tool
@@ -20,13 +20,20 @@ episodes against a worker process that speaks ``dew-sandbox``'s JSON-lines proto
 directory) and stored as an absolute path; a missing one is refused here, before anything
 starts. The worker runs in a fresh temporary directory, so an argument naming an existing
 file relative to the config file's directory (``dew.cli`` applies ``file_arguments``) or to
-the working directory is stored as an absolute path; other arguments are passed as written. ``verifier: outcome`` scores an episode by the worker's own verdict: the
+the working directory is stored as an absolute path; other arguments are passed as written.
+``verifier: outcome`` scores an episode by the worker's own verdict: the
 ``detail`` of its final ``completed`` reply read as a number; ``module:object`` names a
 function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Episode``.
 
+``dew train ppo`` takes the same section: its episodes are wrapped in a ``PPORollout``
+(``objective.gamma``, ``objective.lam``; a critic in the checkpoint).
+
 With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
-``objective.reward`` (the verifier scores), needs ``objective.eos_id`` (the id that ends a
-turn) and ``rollout.mode: sync`` (asynchronous episodes are not wired yet).
+``objective.reward`` (the verifier scores) and needs ``objective.eos_id`` (the id that ends
+a turn). ``dew train grpo`` with ``rollout.mode: async`` draws the episodes one batch ahead
+through ``dew-rollout``'s scheduler on the native engine (``rollout.engine.kind`` ``vllm`` or
+``sglang`` is refused: their servers are not wired to tool episodes); its journal
+``RUN_DIR/rollout-journal`` then makes resumes exact, and ``journal`` is not read.
 
 ``kind: harbor`` trains on agent trials run by Harbor behind a recording gateway; its keys and
 checks live in ``dew.recipes.harbor_config``.
@@ -47,6 +54,8 @@ from dew.checks import is_int
 from dew.recipes.schema import ConfigError, section
 
 SOURCE_KINDS = ("prompts", "environment", "harbor")
+#: The ``dew train`` kinds that take ``kind: environment`` (a ``dew chain`` stage: grpo only).
+SOURCE_TRAINERS = ("grpo", "ppo")
 #: The keys only ``kind: environment`` reads.
 ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
                     "verifier", "journal")  # fmt: skip
@@ -159,7 +168,7 @@ def source_section(
 
     Raises:
       ConfigError: an unknown kind or key, a bad value, a key only ``environment`` reads
-        given with ``prompts``, ``source`` on another kind than grpo, or a section of the
+        given with ``prompts``, ``environment`` on another kind than grpo or ppo, or a section of the
         rest of the config that ``environment`` does not read (see the module docstring).
     """
     raw = mapping.get("source")
@@ -172,9 +181,10 @@ def source_section(
                 raise ConfigError(f"source.{key}: only source.kind environment reads it (kind "
                                   "is prompts)")  # fmt: skip
         return None
-    if kind != "grpo":
-        command = f"a grpo stage, not a {kind} one" if stage else f"'dew train grpo', not " \
-            f"'dew train {kind}'"  # fmt: skip
+    allowed = ("grpo",) if stage else SOURCE_TRAINERS
+    if kind not in allowed:
+        command = f"a grpo stage, not a {kind} one" if stage else f"'dew train grpo' or " \
+            f"'dew train ppo', not 'dew train {kind}'"  # fmt: skip
         raise ConfigError(f"source.kind: environment episodes train with {command}")
     _check_rest(mapping, stage)
     return config
@@ -237,11 +247,18 @@ def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
             raise ConfigError(f"{prefix}eos_id: required with source.kind environment (the "
                               "id that ends a turn), missing")  # fmt: skip
     rollout = mapping.get("rollout") or {}
-    if isinstance(rollout, Mapping) and rollout.get("mode", "sync") != "sync":
-        raise ConfigError(f"rollout.mode: source.kind environment collects episodes in the "
+    if not isinstance(rollout, Mapping):  # rollout_config names it
+        return
+    if stage and rollout.get("mode", "sync") != "sync":
+        raise ConfigError(f"rollout.mode: a chain stage collects environment episodes in the "
                           f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
+    engine = rollout.get("engine")
+    kind = engine.get("kind", "native") if isinstance(engine, Mapping) else "native"
+    if rollout.get("mode") == "async" and kind != "native":
+        raise ConfigError(f"rollout.engine.kind: source.kind environment draws its episodes "
+                          f"from the native engine, got {kind!r}")  # fmt: skip
 
 
-__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SourceConfig", "check_source_stage",
-           "file_arguments",
-           "resolve_command", "source_section", "stage_source"]  # fmt: skip
+__all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SOURCE_TRAINERS", "SourceConfig",
+           "check_source_stage", "file_arguments", "resolve_command", "source_section",
+           "stage_source"]  # fmt: skip

@@ -14,9 +14,10 @@ A GRPO config with ``rollout.mode: async`` draws its batches with ``dew-rollout`
 ``RolloutScheduler`` (``dew.recipes.async_run.attach``), one or more batches ahead of the
 update; everything it opens is closed when the run ends, fails or is interrupted.
 
-A GRPO config with ``source: {kind: environment}`` trains on tool episodes against a worker
-process instead of prompts (``dew.recipes.environment_run``); one with
-``source: {kind: harbor}`` on Harbor trials behind a recording gateway
+A GRPO or PPO config with ``source: {kind: environment}`` trains on tool episodes against a
+worker process instead of prompts (``dew.recipes.environment_run``; with GRPO's
+``rollout.mode: async`` the scheduler draws those episodes ahead); a GRPO config with
+``source: {kind: harbor}`` trains on Harbor trials behind a recording gateway
 (``dew.recipes.harbor_run``).
 """
 
