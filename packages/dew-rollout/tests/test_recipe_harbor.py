@@ -1,7 +1,8 @@
 """``source: {kind: harbor}`` from one config: ``python -m dew.cli train grpo --config`` runs
 stand-in Harbor trials (harbor_standin.py) whose agents reach ``FakeChatVLLM`` through the
 real rllm-model-gateway and the run's own sandbox proxy, trains on the recorded calls and
-pushes each update's weights into the engine (the fake takes vLLM's reload routes)."""
+pushes each update's weights into the engine (the fake takes vLLM's reload routes). The
+config is examples/harbor/grpo.yaml with this machine's addresses and a shorter run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from gateway_fakes import MODEL, FakeChatVLLM, GatewayProcess
 from test_rollout_harbor import STANDIN, make_task
 
@@ -40,22 +42,25 @@ def engine_and_gateway(tmp_path_factory):
     engine.close()
 
 
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "harbor" / "grpo.yaml"
+
+
 def harbor_config(base: Path, engine: FakeChatVLLM, gateway: GatewayProcess) -> Path:
+    """examples/harbor/grpo.yaml with this machine's addresses, the stand-in Harbor and a
+    short run: only what cannot be the example's own value is replaced."""
     checkpoint = base / "policy"
     for name in ("one", "two"):
         make_task(base / "tasks", name, grade=ALTERNATE)
-    config = {
-        "run": {"run_dir": str(base / "run"), "steps": 2, "batch": 2, "log_every": 1,
-                "checkpoint_every": 1, "progress": False},
-        "model": {"pretrained": str(checkpoint)},
-        "optimizer": {"name": "adam", "learning_rate": 1e-2},
-        "objective": {"groups": 2, "behavior_importance": 2.0},
-        "rollout": {"mode": "async", "ahead": 1,
-                    "engine": {"kind": "vllm", "url": engine.url, "directory": str(checkpoint)}},
-        "source": {"kind": "harbor", "tasks": "tasks", "harbor": STANDIN, "agent": "stand-in",
-                   "model": MODEL, "gateway": {"url": gateway.url, "timeout": 10},
-                   "ready_timeout": 60, "workers": 1, "width": 128},
-    }  # fmt: skip
+    config = yaml.safe_load(EXAMPLE.read_text())
+    config["run"].update(run_dir=str(base / "run"), steps=2, batch=2, checkpoint_every=1,
+                         progress=False)  # fmt: skip
+    config["model"]["pretrained"] = str(checkpoint)
+    config["optimizer"]["learning_rate"] = 1e-2
+    config["objective"]["groups"] = 2
+    config["rollout"]["engine"].update(url=engine.url, directory=str(checkpoint))
+    config["source"].update(harbor=STANDIN, agent="stand-in", model=MODEL, args=[],
+                            ready_timeout=60, workers=1, width=128)  # fmt: skip
+    config["source"]["gateway"].update(url=gateway.url, timeout=10)
     path = base / "harbor.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML; tasks is read from the file's folder
     return path
