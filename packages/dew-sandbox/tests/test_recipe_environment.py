@@ -308,7 +308,9 @@ def _chat_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def test_a_chain_trains_an_lm_stage_then_grpo_on_worker_episodes(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("kind", ["grpo", "ppo"])
+def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys, kind) -> None:
+    """A GRPO or a PPO stage (with its critic) on worker episodes after an LM stage."""
     base = tmp_path / "configs"
     base.mkdir()
     worker = base / "chain_tool_worker.py"
@@ -326,8 +328,8 @@ def test_a_chain_trains_an_lm_stage_then_grpo_on_worker_episodes(tmp_path, capsy
             {"name": "lm", "kind": "lm", "steps": 1,
              "data": {"type": "ChatMessages", "path": "chat.jsonl", "tokenizer": "tok",
                       "seq_len": 7}},
-            {"name": "tools", "steps": 2, "groups": 4, "max_new_tokens": 8, "eos_id": 1,
-             "source": {"kind": "environment", "command": [sys.executable,
+            {"name": "tools", "kind": kind, "steps": 2, "groups": 4, "max_new_tokens": 8,
+             "eos_id": 1, "source": {"kind": "environment", "command": [sys.executable,
                                                            "chain_tool_worker.py"],
                         "tasks": 6, "max_turns": 2, "max_prompt_tokens": 16,
                         "limits": {"cpu_seconds": 10, "deadline_seconds": 60}}},
@@ -337,11 +339,12 @@ def test_a_chain_trains_an_lm_stage_then_grpo_on_worker_episodes(tmp_path, capsy
     path.write_text(json.dumps(config))
     assert main(["chain", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "lm (lm): step 1, 1 updates" in out and "tools (grpo): step 2, 2 updates" in out
+    assert "lm (lm): step 1, 1 updates" in out and f"tools ({kind}): step 2, 2 updates" in out
     run_dir = base / "out" / "tools"
     metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     episodes = [json.loads(line) for line in open(run_dir / "episodes.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2]
+    assert all(("critic/loss" in m) == (kind == "ppo") for m in metrics)
     assert len(episodes) == 2 * 2 * 4  # steps * tasks per batch * groups
     assert {e["task"] for e in episodes} <= set(range(6)) and (run_dir / "journal").is_dir()
     completed = [e for e in episodes if e["status"] == "completed"]

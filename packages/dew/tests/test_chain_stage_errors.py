@@ -45,7 +45,8 @@ def _error(tmp_path, capsys, stages) -> str:
          "stages.1.source.verifier: expected 'outcome' or 'module:object'"),
         ({"eos_id": None}, "stages.1.eos_id: required with source.kind environment"),
         ({"reward": "math"}, "stages.1.reward: source.kind environment scores episodes"),
-        ({"kind": "ppo"}, "stages.1.source.kind: environment episodes train with a grpo stage"),
+        ({"kind": "dpo"}, "stages.1.source.kind: environment episodes train with a grpo or ppo "
+         "stage, not a dpo one"),
         ({"data": DPO["data"]}, "stages.1.data: source.kind environment draws task ids"),
         ({"max_new_tokens": 17},
          "model.max_seq_len: 32 is shorter than stages.1.source.max_prompt_tokens 64 + "

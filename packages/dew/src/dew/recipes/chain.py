@@ -24,8 +24,8 @@ loss keys (``dew.recipes.stages.GRPOLoss``, shared with ``dew train grpo``; ``bu
 turns a stage into its objective and rollout); unset, they keep ``SampledRollout``'s and
 ``GRPOObjective``'s defaults. A GRPO stage's ``rollout`` (``dew.recipes.rollout_config``)
 with ``mode: async`` draws its batches ahead of the update. A stage with an environment
-``source`` (a ``dew.recipes.source_config.SourceConfig``, no data) trains GRPO on tool
-episodes as ``dew train grpo`` does (``dew.recipes.environment_run.episode_parts``). A
+``source`` (a ``dew.recipes.source_config.SourceConfig``, no data) trains GRPO or PPO on
+tool episodes as ``dew train`` does (``dew.recipes.environment_run.episode_parts``). A
 ``dew.recipes.flow_stage.FlowStage`` runs ``dew-flow``'s Flow-GRPO on its own image model.
 """
 
@@ -86,8 +86,8 @@ class Stage(GRPOLoss):
         ``max_new_tokens``, ``sample``, ``temperature``, ``eos_id``, ``decode``, ``beta``,
         ``epsilon_low``, ``epsilon_high``, ``dual_clip`` and ``behavior_importance``, and
         refuses GRPO's other loss keys.
-      source: a ``dew.recipes.source_config.SourceConfig`` of kind ``environment``: GRPO on
-        tool episodes (``data`` and ``reward`` None, ``eos_id`` required); None: the data.
+      source: a ``dew.recipes.source_config.SourceConfig`` of kind ``environment``: GRPO
+        (or PPO, with ``kind="ppo"``) on tool episodes (``data`` and ``reward`` None, ``eos_id`` required); None: the data.
 
     GRPO's loss options (``dew.recipes.stages.GRPOLoss``, as ``dew train grpo``'s
     ``objective`` section) are keyword-only fields too.
@@ -226,8 +226,8 @@ PPO_ONLY = ("gamma", "lam", "value_coefficient", "value_clip", "critic_from_poli
 
 def _kind(name: str, data: Any, kind: str | None, source: Any = None) -> str:
     """A stage's kind: ``kind`` checked against the dataset (or an environment ``source``,
-    which trains GRPO), or the first kind that fits."""
-    allowed = ("grpo",) if source is not None else ("sft", "lm") if isinstance(
+    which trains GRPO or PPO), or the first kind that fits."""
+    allowed = ("grpo", "ppo") if source is not None else ("sft", "lm") if isinstance(
         data, ChatMessages) else ("dpo",) if isinstance(
         data, PreferencePairs) else ("grpo", "ppo")  # fmt: skip
     if kind is None:
@@ -308,9 +308,10 @@ class Recipe:
         if stage.source is not None:  # tool episodes (dew.recipes.environment_run)
             from dew.recipes.environment_run import episode_parts
 
-            parts = episode_parts(stage.source, self.model, grpo, pretrained=start,
+            chosen = stage.ppo_options() if kind == "ppo" else grpo
+            parts = episode_parts(stage.source, self.model, chosen, pretrained=start,
                                   batch=self.batch, seed=_seed(self.key, index),
-                                  progress=self.progress,
+                                  progress=self.progress, kind=kind,
                                   where=f"Stage.source ({stage.name})")  # fmt: skip
             return parts["objective"], parts["rollout"], parts["data"], parts["start"]
         if stage.kind == "dpo":

@@ -217,7 +217,7 @@ def episode_parts(
     episode journal. ``options`` are ``build_stage``'s keys of ``kind`` (an ``eos_id`` is
     needed: it ends a turn); ``pretrained`` is the policy's start (the reference when
     ``beta > 0``). GRPO trains the ``EpisodeRollout`` directly; PPO wraps it in a
-    ``PPORollout`` (``options["gamma"]``, ``options["lam"]``), which hands it the policy half
+    ``PPORollout`` (``options``' ``gamma`` and ``lam``, else its defaults), which hands it the policy half
     of the variables and adds the critic's values and GAE targets. ``dew train`` and
     ``dew chain`` both build here."""
     from dew.inference import TextGeneration
@@ -242,7 +242,8 @@ def episode_parts(
     if kind == "ppo":
         from dew.objectives.rl import PPORollout
 
-        rollout = PPORollout(objective, episodes, gamma=options["gamma"], lam=options["lam"])
+        discount = {key: options[key] for key in ("gamma", "lam") if options.get(key) is not None}
+        rollout = PPORollout(objective, episodes, **discount)
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)

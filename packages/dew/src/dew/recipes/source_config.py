@@ -54,7 +54,7 @@ from dew.checks import is_int
 from dew.recipes.schema import ConfigError, section
 
 SOURCE_KINDS = ("prompts", "environment", "harbor")
-#: The ``dew train`` kinds that take ``kind: environment`` (a ``dew chain`` stage: grpo only).
+#: The ``dew train`` kinds (and ``dew chain`` stage kinds) that take ``kind: environment``.
 SOURCE_TRAINERS = ("grpo", "ppo")
 #: The keys only ``kind: environment`` reads.
 ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
@@ -181,10 +181,9 @@ def source_section(
                 raise ConfigError(f"source.{key}: only source.kind environment reads it (kind "
                                   "is prompts)")  # fmt: skip
         return None
-    allowed = ("grpo",) if stage else SOURCE_TRAINERS
-    if kind not in allowed:
-        command = f"a grpo stage, not a {kind} one" if stage else f"'dew train grpo' or " \
-            f"'dew train ppo', not 'dew train {kind}'"  # fmt: skip
+    if kind not in SOURCE_TRAINERS:
+        command = f"a grpo or ppo stage, not a {kind} one" if stage else f"'dew train grpo' " \
+            f"or 'dew train ppo', not 'dew train {kind}'"  # fmt: skip
         raise ConfigError(f"source.kind: environment episodes train with {command}")
     _check_rest(mapping, stage)
     return config
