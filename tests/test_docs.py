@@ -261,8 +261,14 @@ def test_the_entry_pages_reach_everything_a_user_can_run() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for name in ("dew train", "dew chain", "examples/", "--fresh", "--resume-from"):
         assert name in readme, f"README.md does not mention {name}"
-    for example in sorted((ROOT / "examples").glob("*.py")):
+    for example in sorted((ROOT / "examples").iterdir()):
+        if example.name.startswith((".", "__")):
+            continue
         assert example.name in readme, f"README.md does not mention examples/{example.name}"
+        for part in sorted(example.glob("*.py")) + sorted(example.glob("*.yaml")):
+            assert part.name in readme, (
+                f"README.md does not mention examples/{example.name}/{part.name}"
+            )
     started = (DOCS / "getting-started.md").read_text(encoding="utf-8")
     from dew.quickstart.command import build_parser
     from dew.quickstart.config import SIZES

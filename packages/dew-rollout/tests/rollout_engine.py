@@ -29,7 +29,7 @@ from dew.rollout import launch_engine
 REPO = Path(__file__).resolve().parents[3]
 SERVED_NAME = "tiny-qwen3"
 TINY = dict(
-    vocab_size=384,  # holds the quickstart tokenizer's ids (examples/train_rlvr.py --engine vllm)
+    vocab_size=384,  # holds the quickstart tokenizer's ids
     emb_features=128,
     num_layers=2,
     num_heads=2,

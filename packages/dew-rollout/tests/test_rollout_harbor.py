@@ -17,7 +17,6 @@ from gateway_fakes import FakeChatVLLM, GatewayProcess
 from dew.objectives.rl.sessions import SessionSource, Status, Task
 from dew.rollout import Gateway, GatewayNotReady, HarborSource, SandboxProxy
 from dew.rollout.harbor import status_of, task_directory
-from dew.testing import load_script
 
 STANDIN = [sys.executable, str(Path(__file__).with_name("harbor_standin.py"))]
 GRADE = """#!/bin/sh
@@ -205,39 +204,3 @@ def test_bad_tasks_and_arguments_are_refused(stack, tmp_path):
 def test_status_of_harbor_results(result, status, reward, components):
     got, got_reward, got_components, _ = status_of(result)
     assert (got, got_reward, got_components) == (status, reward, components)
-
-
-def test_the_train_harbor_example_trains(stack, pretrained, tmp_path):
-    """examples/train_harbor.py end to end: stand-in trials through the real gateway, the
-    scheduler packing their calls, two updates, and pushes reaching the engine."""
-    import jax
-
-    from dew.rollout import SafetensorsReload
-
-    engine, gateway, _ = stack
-    path = Path(__file__).resolve().parents[3] / "examples" / "train_harbor.py"
-    example = load_script(path)
-    checkpoint = tmp_path / "policy"
-    writer = SafetensorsReload(pretrained, checkpoint, [engine.url])
-    writer.write()
-    writer.close()
-    for name in ("one", "two"):
-        make_task(tmp_path / "tasks", name)
-    start = len(engine.answers)
-    argv = [
-        "--checkpoint", str(checkpoint), "--engine", engine.url, "--gateway", gateway.url,
-        "--tasks", str(tmp_path / "tasks"), "--harbor", " ".join(STANDIN),
-        "--agent", "stand-in", "--model", "tiny-chat", "--trials", str(tmp_path / "trials"),
-        "--steps", "2", "--batch", "2", "--groups", "2", "--width", "128",
-        "--workers", "4", "--learning-rate", "0.01",
-    ]  # fmt: skip
-    state = example.main(argv)
-    assert int(state.step) == 2
-    moved = jax.tree.map(
-        lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()),
-        jax.device_get(state.params),
-        pretrained.variables,
-    )
-    assert max(jax.tree.leaves(moved)) > 0  # the policy trained on the recorded calls
-    assert len(engine.answers) - start >= 2 * 2 * 2 * 2  # batches x tasks x groups x turns
-    assert engine.reloads >= 1 and engine.version == str(engine.reloads)

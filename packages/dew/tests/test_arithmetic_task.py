@@ -1,6 +1,6 @@
 """The arithmetic task (``dew.data.arithmetic``), its BPE chat tokenizer (``dew.data.chat.bpe``),
-``prompt_ids`` and held-out accuracy (``dew.rewards.accuracy``): what ``dew quickstart`` and
-``examples/train_rlvr.py`` build on, exported from their rooms."""
+``prompt_ids`` and held-out accuracy (``dew.rewards.accuracy``): what ``dew quickstart``
+builds on, exported from their rooms."""
 
 from __future__ import annotations
 

@@ -146,6 +146,7 @@ def test_help_says_long_prompts_are_truncated_from_the_left(capsys):
         ("missing_prompts", "--prompts: no such file or directory"),
         ("reward_needs", "--prompts: 3 of 3 rows have no 'ground_truth'"),
         ("bad_reward_args", "--reward-args: expected a JSON object"),
+        ("unknown_chain_stage", "chain-config.json names no stage 'other'"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, case, expected):
@@ -164,6 +165,11 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys, case, expected)
         prompts = str(run / "bare.jsonl")
     elif case == "bad_reward_args":
         reward += ["--reward-args", "{oops"]
+    elif case == "unknown_chain_stage":  # a dew chain output whose record lacks the stage
+        chain = {"output": "out", "model": {}, "stages": [{"name": "sft"}]}
+        (tmp_path / "chain-config.json").write_text(json.dumps(chain))
+        (tmp_path / "other" / "checkpoints").mkdir(parents=True)
+        model = str(tmp_path / "other")
     out = tmp_path / "eval.json"
     code = main(["eval", model, "--prompts", prompts, *reward, "--out", str(out), *GEN])
     err = capsys.readouterr().err

@@ -9,8 +9,7 @@
    (bottom rows), and ``summary.json``, are written into the run directory.
 
 ``run(run_dir, settings)`` does it; ``main(argv)`` is the command line of
-``examples/flow_grpo.py`` and of ``dew quickstart --flow`` (found through the
-``dew.quickstart`` entry point ``flow``).
+``dew quickstart --flow`` (found through the ``dew.quickstart`` entry point ``flow``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``dew`` finds ``build_harbor_scheduler`` through the entry point ``harbor_rollout`` of the
 group ``dew.recipes`` (``dew.recipes.harbor_run``) and calls it with the checked
 ``source`` section (``dew.recipes.harbor_config.HarborConfig``) and ``rollout`` section. It
-builds what ``examples/train_harbor.py`` builds by hand, each closed through ``stack``:
+builds, each closed through ``stack``:
 
 - the weight push: ``SafetensorsReload`` of the policy into ``rollout.engine.directory``,
   reloaded by the engine at ``rollout.engine.url`` (whose ``config.json`` must match the

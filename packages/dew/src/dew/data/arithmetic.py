@@ -1,5 +1,4 @@
-"""Two-operand integer arithmetic generated in code: the task of ``dew quickstart`` and of
-``examples/train_rlvr.py``.
+"""Two-operand integer arithmetic generated in code: the task of ``dew quickstart``.
 
 A problem is ``a + b`` or ``a - b`` with ``0 <= a, b < limit``; subtraction keeps ``a >= b``
 so every answer is a non-negative integer. All problems of the space are enumerated once,

@@ -104,8 +104,7 @@ def _check_settings(run_dir: str, settings: Settings) -> None:
 def build_context(settings: Settings, run_dir: str, progress: bool | None) -> Any:
     """The quickstart's shared state for ``settings``: its problems split into training and
     held-out, a tokenizer built on the training texts (saved under ``run_dir/tokenizer``) and a
-    fresh decoder; returns ``(Context, held-out problems)``. Examples build on it too
-    (``examples/train_rlvr.py``)."""
+    fresh decoder; returns ``(Context, held-out problems)``."""
     from dew.data.arithmetic import split
     from dew.data.chat.bpe import END, build_tokenizer, save_tokenizer, token_id, vocab_size
     from dew.quickstart.stages import Context

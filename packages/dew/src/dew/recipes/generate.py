@@ -1,11 +1,16 @@
 """Sample from a trained model and score it: what ``dew generate`` and ``dew eval`` run.
 
-``load_model`` reads either kind of model directory Dew writes:
+``load_model`` reads each kind of model directory Dew writes:
 
 * a ``dew train`` run directory (``RUN_DIR/config.json`` and ``RUN_DIR/checkpoints``): the
   model is rebuilt from the config's ``model`` section (a ``model.pretrained`` directory it
   names must still be there, for the architecture) and the policy weights are read from the
   newest valid checkpoint; the tokenizer defaults to the config's ``data.tokenizer``;
+* a stage directory of ``dew chain`` (``OUTPUT/<stage>/checkpoints``, no ``config.json``):
+  the model and the stage's kind come from ``OUTPUT/chain-config.json``, the tokenizer
+  defaults to the stage's ``data.tokenizer``; their relative paths are read against the
+  config file's directory, found by taking the config's relative ``output`` off ``OUTPUT``
+  (an absolute ``output`` leaves them relative to the working directory);
 * an exported or Hugging Face directory (``config.json`` + safetensors, what ``dew train
   --export`` writes), read by ``dew.models.load_pretrained``; the tokenizer defaults to the
   directory itself when it holds ``tokenizer.json``.
@@ -109,11 +114,48 @@ def _policy_variables(model: Any, restored: Any, kind: Any = None) -> Any:
     return jax.tree.unflatten(treedef, leaves[first : first + len(wanted)])
 
 
+def _chain_stage(run_dir: str) -> dict[str, Any] | None:
+    """The ``kind``, ``model`` and ``data`` of a ``dew chain`` stage directory as a run
+    directory's config holds them, paths resolved (see the module docstring); None when
+    ``run_dir`` has a ``config.json`` or its parent no ``chain-config.json``."""
+    output = os.path.dirname(os.path.abspath(run_dir))
+    record = os.path.join(output, "chain-config.json")
+    if os.path.isfile(os.path.join(run_dir, "config.json")) or not os.path.isfile(record):
+        return None
+    chain = _read_json(record, "MODEL")
+    name = os.path.basename(os.path.abspath(run_dir))
+    stages = [s for s in chain.get("stages") or () if isinstance(s, dict) and s.get("name") == name]
+    if not stages:
+        raise ConfigError(f"MODEL: {record} names no stage {name!r}")
+    base, written = output, str(chain.get("output", ""))
+    if written and not os.path.isabs(written):
+        for _ in os.path.normpath(written).split(os.sep):
+            base = os.path.dirname(base)
+
+    def resolve(value: Any) -> Any:
+        if not isinstance(value, str) or os.path.isabs(os.path.expanduser(value)):
+            return value
+        return os.path.join(base, value)
+
+    model = dict(chain.get("model") or {})
+    if chain.get("pretrained"):
+        model["pretrained"] = chain["pretrained"]
+    if model.get("pretrained"):
+        model["pretrained"] = resolve(model["pretrained"])
+    data = stages[0].get("data") or {}
+    tokenizer = data.get("tokenizer") if isinstance(data, dict) else None
+    return {
+        "kind": stages[0].get("kind"),
+        "model": model,
+        "data": {"tokenizer": resolve(tokenizer)},
+    }
+
+
 def _load_run(run_dir: str) -> tuple[Any, Any, str | None, str]:
     from dew.recipes.builder import build_model, model_config
     from dew.trainer import checkpoint
 
-    saved = _read_json(os.path.join(run_dir, "config.json"), "MODEL")
+    saved = _chain_stage(run_dir) or _read_json(os.path.join(run_dir, "config.json"), "MODEL")
     restored = checkpoint.latest(run_dir)
     if restored is None:
         raise ConfigError(

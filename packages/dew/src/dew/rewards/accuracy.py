@@ -1,5 +1,5 @@
 """Held-out accuracy of a policy by greedy decoding, scored by ``MathReward`` (or a score of
-the caller's); ``dew quickstart`` measures every stage with it, ``examples/train_rlvr.py`` too.
+the caller's); ``dew quickstart`` measures every stage with it.
 
 Each held-out question is rendered with the chat template and its generation prompt,
 decoded greedily (temperature 0) by ``dew.inference.TextGeneration`` until ``<|end|>`` or the

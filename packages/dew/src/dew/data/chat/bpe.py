@@ -1,5 +1,5 @@
 """A byte-level BPE tokenizer with a compact chat template, trained in code on a task's text
-(``dew quickstart`` builds one on its arithmetic; ``examples/train_rlvr.py`` too).
+(``dew quickstart`` builds one on its arithmetic).
 
 Pre-tokenization splits every digit on its own (so numbers are read digit by digit, never
 as learned multi-digit pieces) and then applies GPT-2's byte-level split; the BPE merges,
