@@ -391,18 +391,25 @@ def record_all(rec: Recorder) -> None:
     ref[1, 1] = logprob[1, 1] + 4.0  # k3 output past 10 while the input is unclamped
     ref[1, 2] = logprob[1, 2] - 15.0  # k3 output past 10 from the other side
     kl_x = {"logprob": logprob, "ref_logprob": ref}
-    for kind in ("k1", "k2", "k3"):
+    # verl's other spellings (and "abs") on the same inputs plus a tie, where abs's gradient
+    # is torch's sign(0) = 0.
+    tie_x = {"logprob": logprob, "ref_logprob": ref.copy()}
+    tie_x["ref_logprob"][2, 4] = logprob[2, 4]
+    for kind, inputs in (
+        *((k, kl_x) for k in ("k1", "k2", "k3")),
+        *((k, tie_x) for k in ("kl", "abs", "mse", "low_var_kl")),
+    ):
         rec.case(
             f"kl_penalty_{kind}",
             f"{ca}.kl_penalty",
             lambda v, kind=kind: {
                 "kl": core_algos.kl_penalty(v["logprob"], v["ref_logprob"], kind)
             },
-            kl_x,
+            inputs,
             options={"kl_penalty": kind},
             grad_of="kl",
             grad_wrt=("logprob", "ref_logprob"),
-            dtypes=("f64", "f32", "bf16") if kind == "k3" else ("f64", "f32"),
+            dtypes=("f64", "f32", "bf16"),
         )
 
     # agg_loss ------------------------------------------------------------------------------------

@@ -412,6 +412,12 @@ CASES: list[tuple[str, str, Adapter]] = [
     ("kl_penalty_k1", "k1_kl", kl_of(rl.k1_kl)),
     ("kl_penalty_k2", "k2_kl", kl_of(rl.k2_kl)),
     ("kl_penalty_k3", "k3_kl", kl_of(rl.k3_kl)),
+    # verl's other names, through dew.rl.kl_penalty by the same name (abs: with a tie)
+    *[
+        (f"kl_penalty_{name}", f"kl_penalty({name!r})",
+         kl_of(lambda a, b, name=name: rl.kl_penalty(a, b, name)))
+        for name in ("kl", "abs", "mse", "low_var_kl")
+    ],
     ("agg_loss_token_mean", "token_mean", agg),
     ("agg_loss_token_sum", "token_mean", agg),
     ("agg_loss_seq_mean_token_mean", "sequence_mean", agg),

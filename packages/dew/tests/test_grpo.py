@@ -138,6 +138,7 @@ def test_init_uses_pretrained_and_ema_rules(model, variables):
         ({"sequence_mask": (0.0, 2.0)}, "sequence_mask"),
         ({"geometric_mask": "wide"}, "geometric_mask"),
         ({"sampling_temperature": 0.0}, "sampling_temperature"),
+        ({"kl_estimator": "k3+"}, "^kl_estimator: expected one of kl, k1, abs, mse, k2, low_var"),
         ({"pretrained": {"weights": 1}}, "pretrained"),
     ],
 )
@@ -291,3 +292,38 @@ def test_objective_uses_a_policy_loss_and_aggregation_registered_by_name(model, 
     assert not np.isclose(float(ppo_sum), want)  # the default would not give this number
     with pytest.raises(ValueError, match=r"policy_loss: expected one of .*test-grpo-reinforce"):
         GRPOObjective(model, seq_len=W - 1, policy_loss="reinforce")
+
+
+KL_SPELLINGS = [("kl", "k1"), ("abs",), ("mse", "k2"), ("low_var_kl", "k3")]
+
+
+@pytest.fixture(scope="module")
+def reference(variables):
+    """Variables a little away from ``variables``: a reference the KL term can see."""
+    leaves, tree = jax.tree.flatten(variables)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    moved = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tree, moved)
+
+
+@pytest.mark.parametrize("name", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_the_kl_term_uses_the_estimator_named(model, variables, reference, batch, name):
+    import dew.rl as rl
+
+    beta = 0.2
+    objective = GRPOObjective(model, seq_len=W - 1, beta=beta, kl_estimator=name)
+    assert objective.kl_estimator == name and objective.options()["kl_estimator"] == name
+    key = jax.random.key(0)
+    loss_sum, weight, metrics = objective.loss(variables, batch, key, reference)
+    lp = objective.packed_log_probs(variables, batch)
+    ref = objective.packed_log_probs(reference, batch)
+    keep = (np.asarray(batch["response_mask"]) > 0) & (np.asarray(batch["text_segment_ids"]) > 0)
+    kl = np.asarray(rl.kl_penalty(lp, ref, name))[keep]
+    np.testing.assert_allclose(float(metrics["kl/reference"]), kl.mean(), rtol=1e-5)
+    # on these log-probs only the name's own spellings give that number
+    means = {n: np.asarray(rl.kl_penalty(lp, ref, n))[keep].mean() for n in rl.KL_ESTIMATORS}
+    same = {n for n, m in means.items() if np.isclose(m, kl.mean(), rtol=1e-5)}
+    assert same == next(set(group) for group in KL_SPELLINGS if name in group)
+    no_kl, no_kl_weight, _ = GRPOObjective(model, seq_len=W - 1).loss(variables, batch, key)
+    assert float(weight) == float(no_kl_weight) == keep.sum()
+    np.testing.assert_allclose(float(loss_sum), float(no_kl) + beta * kl.sum(), rtol=1e-5)

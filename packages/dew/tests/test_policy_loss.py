@@ -45,9 +45,11 @@ CASES = [
     {"behavior_importance": (0.5, 2.0), "sequence_mask": (0.2, 5.0), "beta": 0.1},
     {"sequence_mask": (0.2, 5.0), "beta": 0.1, "dual_clip": None},
     {"beta": 0.1, "behavior_importance": (0.5, 2.0)},  # bypass band: fused, keep shrinks
+    {"beta": 0.1, "kl_estimator": "abs"},  # not k3: the fused pass does not apply
+    {"kl_estimator": "mse"},  # beta 0: no KL term, fused
 ]
 #: compute_policy_loss runs steps 3-4 as dew.rl.policy_loss for these: float rounding apart.
-FUSED = {0, 4, 5}
+FUSED = {0, 4, 5, 7}
 
 
 def _same(got: Any, want: Any, fused: bool) -> None:

@@ -19,7 +19,8 @@ in two microbatches then counts once in each.
 
 Metrics (scalars, no gradient): ``policy/loss``, ``policy/clip_fraction`` and
 ``policy/clip_fraction_lower`` (verl ``pg_clipfrac``/``pg_clipfrac_lower``), ``policy/ppo_kl``,
-``policy/advantage``, ``kl/reference`` (token mean of k3, when ``beta > 0``), ``tokens``;
+``policy/advantage``, ``kl/reference`` (token mean of the ``kl_estimator``, k3 by default,
+when ``beta > 0``), ``tokens``;
 with behavior likelihoods ``mismatch/kl``, ``mismatch/k3_kl``, ``mismatch/ess``; each active
 mask's share of trainable tokens removed (``mask/behavior_band``, ``mask/sequence``,
 ``mask/geometric``) and ``mask/kept_share``; ``reward/mean`` when the batch has ``rewards``.
@@ -62,7 +63,7 @@ class GRPOObjective:
     Args:
       model: a ``dew.models`` decoder (``apply(variables, ids, segment_ids=, positions=)``).
       seq_len: predicted positions per row; batches are ``[B, seq_len + 1]``.
-      beta: coefficient of the k3 KL to the frozen reference; ``> 0`` keeps the starting
+      beta: coefficient of the KL to the frozen reference; ``> 0`` keeps the starting
         policy in ``TrainState.ema`` (``ema_decay`` is then fixed at 1.0), 0 keeps none.
       pretrained: full variables mapping (``{"params": ...}``) the policy starts from.
       epsilon_low, epsilon_high: PPO clip range ``[1 - low, 1 + high]``.
@@ -79,6 +80,9 @@ class GRPOObjective:
       sequence_mask: ``(low, high)``: drop a chain whose summed k1 ``log(mu / pi_old)``
         leaves ``[log low, log high]`` (verl ``seq_sum_k1``).
       geometric_mask: the same with the chain's mean k1 (verl ``seq_mean_k1``).
+      kl_estimator: the per-token KL estimate the ``beta`` term averages, by verl's name
+        (``dew.rl.kl_penalty``): ``"low_var_kl"``/``"k3"`` (default, clamped k3),
+        ``"kl"``/``"k1"``, ``"abs"`` or ``"mse"``/``"k2"``; anything else is refused.
       sampling_temperature: score ids at this temperature (and over ``support_ids`` when the
         batch has them), matching what the sampler drew from.
       ema_decay: refused unless it equals the fixed value above.
@@ -103,6 +107,7 @@ class GRPOObjective:
         geometric_mask: tuple[float, float] | None = None,
         sampling_temperature: float | None = None,
         ema_decay: Any = _UNSET,
+        kl_estimator: str = "low_var_kl",
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
@@ -118,6 +123,7 @@ class GRPOObjective:
             behavior_importance=behavior_importance,
             sequence_mask=sequence_mask,
             geometric_mask=geometric_mask,
+            kl_estimator=kl_estimator,
         )
         if sampling_temperature is not None and not float(sampling_temperature) > 0.0:
             raise ValueError(
@@ -148,6 +154,7 @@ class GRPOObjective:
     behavior_importance = _option("behavior_importance")
     sequence_mask = _option("sequence_mask")
     geometric_mask = _option("geometric_mask")
+    kl_estimator = _option("kl_estimator")
 
     @property
     def ema_decay(self) -> float | None:

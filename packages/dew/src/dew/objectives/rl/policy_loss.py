@@ -9,11 +9,12 @@ batch (``[B, W]`` columns as ``dew.sessions.pack`` writes them):
    may weight tokens (TIS cap, IcePop band) and reports the mismatch metrics.
 3. ``surrogate``: the per-token policy terms of the loss ``options.policy_loss`` names in
    ``dew.rl``'s registry (``"ppo"``, ``"gspo"``, ``"cispo"`` or one registered with
-   ``dew.rl.register_policy_loss``), then the k3 KL to the reference when ``beta > 0``.
+   ``dew.rl.register_policy_loss``), then the KL to the reference when ``beta > 0``, by the
+   estimator ``options.kl_estimator`` names (``dew.rl.kl_penalty``; k3 by default).
 4. ``aggregate``: the registered aggregation ``options.aggregation`` names (``"token-mean"``,
    ``"session-mean"``, ...) into ``(loss_sum, weight)``.
 
-For ``"ppo"`` with ``"token-mean"`` and no token weights, steps 3 and 4 are one call of
+For ``"ppo"`` with ``"token-mean"``, no token weights and the k3 KL (or none), steps 3 and 4 are one call of
 ``dew.rl.policy_loss`` (``_fused_policy``): the same loss, metrics and gradient to float
 rounding, from one elementwise pass that also yields the gradient.
 
@@ -57,7 +58,7 @@ from dew.rl import (
     get_aggregation,
     get_policy_loss,
     icepop_weights,
-    k3_kl,
+    kl_penalty,
     masked_mean,
     sequence_rejection_mask,
     token_rejection_mask,
@@ -207,7 +208,8 @@ def surrogate(
             raise ValueError("ref_log_probs: beta > 0 needs the reference's log-probs, got None")
         dtype = log_probs.dtype
         safe_ref = jnp.where(keep, ref_log_probs.astype(dtype), 0.0)
-        kl = jnp.where(keep, k3_kl(jnp.where(keep, log_probs, 0.0), safe_ref), 0.0)
+        safe = jnp.where(keep, log_probs, 0.0)
+        kl = jnp.where(keep, kl_penalty(safe, safe_ref, options.kl_estimator), 0.0)
         metrics["kl/reference"] = masked_mean(kl, keep)
         per_token = per_token + jnp.asarray(options.beta, dtype) * kl
     return terms, per_token, metrics

@@ -46,7 +46,8 @@ def _behavior_importance(value: Any) -> float | tuple[float, float] | None:
 class PolicyLossOptions:
     """The static options of the GRPO policy loss, checked once when built.
 
-    The fields mean what they mean on ``GRPOObjective``. Numbers are stored as floats and the
+    The fields mean what they mean on ``GRPOObjective``; ``kl_estimator`` is one of
+    ``dew.rl.KL_ESTIMATORS`` (verl's names; ``"low_var_kl"``, k3, is the default). Numbers are stored as floats and the
     band options as ``(low, high)`` tuples of floats.
     """
 
@@ -59,6 +60,7 @@ class PolicyLossOptions:
     behavior_importance: float | tuple[float, float] | None = None
     sequence_mask: tuple[float, float] | None = None
     geometric_mask: tuple[float, float] | None = None
+    kl_estimator: str = "low_var_kl"
 
     def __post_init__(self) -> None:
         beta = float(self.beta)
@@ -74,6 +76,11 @@ class PolicyLossOptions:
             )
         rl.get_policy_loss(self.policy_loss)  # a ValueError naming the field when unknown
         rl.get_aggregation(self.aggregation)
+        if not isinstance(self.kl_estimator, str) or self.kl_estimator not in rl.KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator: expected one of {', '.join(rl.KL_ESTIMATORS)} (verl's names), "
+                f"got {self.kl_estimator!r}"
+            )
         normal = {
             "beta": beta,
             "epsilon_low": float(self.epsilon_low),

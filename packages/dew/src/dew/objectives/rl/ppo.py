@@ -19,7 +19,8 @@ their count by the Trainer (verl ``token-mean`` for every term)::
 
     pg    = clipped dual-clip surrogate of exp(log_probs - old_log_probs) and advantages
             (verl 0.9.1 compute_policy_loss_vanilla, optional token TIS weights)
-    kl    = k3(log_probs, reference log_probs)            (verl kl_penalty "low_var_kl")
+    kl    = kl_penalty(log_probs, reference log_probs, kl_estimator)
+                                                (verl kl_penalty, "low_var_kl" = k3 by default)
     vf    = 0.5 * max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)
                                                            (verl compute_value_loss)
     loss  = pg + beta * kl + value_coefficient * vf
@@ -72,7 +73,7 @@ class PPOObjective:
       value_coefficient: weight of the critic's loss (verl ``vf_coef``), > 0.
       value_clip: predictions are clipped to ``old_values +- value_clip`` (verl
         ``cliprange_value``), > 0.
-      beta: coefficient of the k3 KL to the frozen policy reference; ``> 0`` keeps the
+      beta: coefficient of the KL to the frozen policy reference; ``> 0`` keeps the
         starting policy subtree (``reference_variables``) in ``TrainState.ema``; the critic
         has no reference.
       pretrained: full policy variables (``{"params": ...}``) the policy starts from.
@@ -82,6 +83,8 @@ class PPOObjective:
       behavior_importance: None, a TIS cap ``c`` or an IcePop ``(low, high)`` band, as on
         ``GRPOObjective``.
       sampling_temperature: score ids at the temperature they were sampled at.
+      kl_estimator: the KL estimate by verl's name, as on ``GRPOObjective`` (default
+        ``"low_var_kl"``, k3).
       aggregation, sequence_mask, geometric_mask: accepted only at their defaults
         (``"token-mean"``, None, None); anything else is refused, because the value loss
         shares the policy loss's token mass.
@@ -110,6 +113,7 @@ class PPOObjective:
         sequence_mask: tuple[float, float] | None = None,
         geometric_mask: tuple[float, float] | None = None,
         ema_decay: Any = _UNSET,
+        kl_estimator: str = "low_var_kl",
     ) -> None:
         if aggregation != "token-mean":
             raise ValueError(
@@ -150,6 +154,7 @@ class PPOObjective:
             dual_clip=dual_clip,
             behavior_importance=behavior_importance,
             sampling_temperature=sampling_temperature,
+            kl_estimator=kl_estimator,
         )
         self.model = model
         self.critic = critic
@@ -163,6 +168,7 @@ class PPOObjective:
         self.epsilon_high = self._policy.epsilon_high
         self.dual_clip = self._policy.dual_clip
         self.behavior_importance = self._policy.behavior_importance
+        self.kl_estimator = self._policy.kl_estimator
         self.sampling_temperature = self._policy.sampling_temperature
         self.aggregation = "token-mean"
 
