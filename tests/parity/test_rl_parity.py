@@ -337,6 +337,41 @@ def fused_grpo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     return {"loss": loss, "pg_loss": metrics["pg_loss"], "kl_loss": metrics["kl_loss"]}
 
 
+def grpo_entropy(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's ppo_loss with its entropy bonus through GRPO's ``compute_policy_loss``.
+
+    The log-probs and the entropy come from the same logits (``rl.token_entropy``);
+    ``seq-mean-token-mean`` is ``"session-mean"`` with one session per row. bf16 inputs are
+    upcast to float32, as the objective scores in float32.
+    """
+    from dew.objectives.rl.policy_loss import PolicyLossOptions, compute_policy_loss
+
+    o = side["options"]
+    dtype = jnp.float32 if x["logits"].dtype == jnp.bfloat16 else x["logits"].dtype
+    logits = x["logits"].astype(dtype)
+    ids = x["ids"].astype(jnp.int32)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), ids[..., None], -1)[..., 0]
+    mask = x["response_mask"]
+    b, t = mask.shape
+    batch = {
+        "response_mask": mask,
+        "advantages": x["advantages"].astype(dtype),
+        "old_log_probs": x["old_log_prob"].astype(dtype),
+        "session_index": jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t)),
+    }
+    mode = side["loss_agg_mode"]
+    options = PolicyLossOptions(
+        aggregation={"token-mean": "token-mean", "seq-mean-token-mean": "session-mean"}[mode],
+        beta=o["kl_coef"], epsilon_low=o["clip_ratio_low"], epsilon_high=o["clip_ratio_high"],
+        dual_clip=o["clip_ratio_c"], kl_estimator=o["kl_penalty"],
+        entropy_coeff=o["entropy_coeff"],
+    )  # fmt: skip
+    loss_sum, weight, metrics = compute_policy_loss(
+        log_probs, batch, options, x["ref_log_prob"].astype(dtype), rl.token_entropy(logits)
+    )
+    return {"loss": loss_sum / weight, "entropy_loss": metrics["policy/entropy"]}
+
+
 def composite_ppo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     low, high, c = _clip(side)
     mask = x["response_mask"]
@@ -398,6 +433,7 @@ def kl_of(estimator: Callable[[jax.Array, jax.Array], jax.Array]) -> Adapter:
 
 
 GRPO_COMPOSITE = "GRPO composite (token_log_ratio, clipped_surrogate, k3_kl, token_mean)"
+GRPO_ENTROPY = "compute_policy_loss with entropy_coeff (GRPO loss + entropy bonus)"
 PPO_COMPOSITE = "PPO composite (clipped_surrogate, clipped_value_loss_terms)"
 
 CASES: list[tuple[str, str, Adapter]] = [
@@ -521,9 +557,11 @@ CASES: list[tuple[str, str, Adapter]] = [
     ("composite_grpo", GRPO_COMPOSITE, composite_grpo),
     ("composite_grpo", "policy_loss (fused GRPO loss)", fused_grpo),
     ("composite_ppo", PPO_COMPOSITE, composite_ppo),
+    ("composite_grpo_entropy_token_mean", GRPO_ENTROPY, grpo_entropy),
+    ("composite_grpo_entropy_seq_mean_token_mean", GRPO_ENTROPY, grpo_entropy),
 ]  # fmt: skip
 
-UPCASTING = {"masked_whiten", "gae"}  # dew computes these in float32 for bf16 input
+UPCASTING = {"masked_whiten", "gae", GRPO_ENTROPY}  # dew computes these in float32 for bf16 input
 
 
 def _stems(prefix: str) -> list[str]:

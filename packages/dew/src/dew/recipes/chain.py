@@ -22,7 +22,7 @@ GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sampl
 sampler's top-k), ``estimator`` (the advantage estimator: ``group``, ``mean`` or ``rloo``), ``temperature`` (the rollout samples at it and the objective scores at the
 same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
 the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``epsilon_low``,
-``epsilon_high``, ``dual_clip``, ``kl_estimator`` and the rollout corrections
+``epsilon_high``, ``dual_clip``, ``kl_estimator``, ``entropy_coeff`` and the rollout corrections
 ``behavior_importance``, ``sequence_mask`` and ``geometric_mask`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
 grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
 keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
@@ -85,14 +85,15 @@ class Stage(GRPOLoss):
         (``dew.recipes.ppo_stage``); None keeps PPO's default. A PPO stage samples
         ``groups`` completions per prompt (the default 4 applies here too), uses
         ``max_new_tokens``, ``sample``, ``temperature``, ``eos_id``, ``decode``, ``beta``,
-        ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance`` and
-        ``kl_estimator``, and
+        ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
+        ``kl_estimator`` and ``entropy_coeff``, and
         refuses GRPO's other loss keys.
 
     GRPO's loss options are keyword-only fields too, the keys of
     ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
     ``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``,
-    ``behavior_importance``, ``sequence_mask``, ``geometric_mask`` and ``kl_estimator``.
+    ``behavior_importance``, ``sequence_mask``, ``geometric_mask``, ``kl_estimator`` and
+    ``entropy_coeff``.
     """
 
     name: str

@@ -11,7 +11,7 @@ grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
            ``rloo``) and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
            ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
-           ``sequence_mask``, ``geometric_mask``, ``kl_estimator``)
+           ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``)
 ppo        ``dew.recipes.ppo_stage.PPO_KEYS``: GRPO's rollout keys (``groups`` defaults to
            1), ``gamma``, ``lam``, ``value_coefficient``, ``value_clip``, the clip keys
            and ``critic_from_policy`` (see ``dew.recipes.ppo_stage``)
@@ -62,6 +62,8 @@ class GRPOLoss:
         geometric-mean ratio; sessions outside are masked. None: no mask.
       kl_estimator: the KL estimate of the ``beta`` term by verl's name: ``"low_var_kl"``
         (or ``"k3"``, the default), ``"kl"``/``"k1"``, ``"abs"``, ``"mse"``/``"k2"``.
+      entropy_coeff: verl's entropy bonus: the loss loses this times the aggregated token
+        entropy of the policy (0: none).
     """
 
     policy_loss: str = "ppo"
@@ -73,6 +75,7 @@ class GRPOLoss:
     sequence_mask: tuple[float, float] | None = None
     geometric_mask: tuple[float, float] | None = None
     kl_estimator: str = "low_var_kl"
+    entropy_coeff: float = 0.0
 
     def loss_options(self) -> dict[str, Any]:
         """The loss keys and their values, as ``GRPOObjective`` takes them."""

@@ -19,7 +19,8 @@ in two microbatches then counts once in each.
 
 Metrics (scalars, no gradient): ``policy/loss``, ``policy/clip_fraction`` and
 ``policy/clip_fraction_lower`` (verl ``pg_clipfrac``/``pg_clipfrac_lower``), ``policy/ppo_kl``,
-``policy/advantage``, ``kl/reference`` (token mean of the ``kl_estimator``, k3 by default,
+``policy/advantage``, ``policy/entropy`` (the aggregated token entropy, when
+``entropy_coeff != 0``), ``kl/reference`` (token mean of the ``kl_estimator``, k3 by default,
 when ``beta > 0``), ``tokens``;
 with behavior likelihoods ``mismatch/kl``, ``mismatch/k3_kl``, ``mismatch/ess``; each active
 mask's share of trainable tokens removed (``mask/behavior_band``, ``mask/sequence``,
@@ -44,6 +45,7 @@ from dew.objectives.rl.policy_loss import (
 )
 from dew.objectives.scoring import (
     packed_log_probs,
+    packed_log_probs_and_entropy,
     positions_from_segments,
     summarize_nll,
     target_log_probs,
@@ -83,6 +85,10 @@ class GRPOObjective:
       kl_estimator: the per-token KL estimate the ``beta`` term averages, by verl's name
         (``dew.rl.kl_penalty``): ``"low_var_kl"``/``"k3"`` (default, clamped k3),
         ``"kl"``/``"k1"``, ``"abs"`` or ``"mse"``/``"k2"``; anything else is refused.
+      entropy_coeff: verl's ``entropy_coeff``: the loss loses this times the token entropy of
+        the policy's (temperature-scaled) next-token distributions, aggregated like the loss
+        over the same tokens, from the same forward as the log-probs. 0 (default) computes
+        no entropy and leaves the loss as it was.
       sampling_temperature: score ids at this temperature (and over ``support_ids`` when the
         batch has them), matching what the sampler drew from.
       ema_decay: refused unless it equals the fixed value above.
@@ -108,6 +114,7 @@ class GRPOObjective:
         sampling_temperature: float | None = None,
         ema_decay: Any = _UNSET,
         kl_estimator: str = "low_var_kl",
+        entropy_coeff: float = 0.0,
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
@@ -124,6 +131,7 @@ class GRPOObjective:
             sequence_mask=sequence_mask,
             geometric_mask=geometric_mask,
             kl_estimator=kl_estimator,
+            entropy_coeff=entropy_coeff,
         )
         if sampling_temperature is not None and not float(sampling_temperature) > 0.0:
             raise ValueError(
@@ -155,6 +163,7 @@ class GRPOObjective:
     sequence_mask = _option("sequence_mask")
     geometric_mask = _option("geometric_mask")
     kl_estimator = _option("kl_estimator")
+    entropy_coeff = _option("entropy_coeff")
 
     @property
     def ema_decay(self) -> float | None:
@@ -177,6 +186,14 @@ class GRPOObjective:
         self._check_width(batch)
         return packed_log_probs(self.model, variables, batch, self.sampling_temperature)
 
+    def packed_log_probs_and_entropy(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """``[B, W]`` log-probs and next-token entropies from one forward
+        (see :func:`packed_log_probs_and_entropy`)."""
+        self._check_width(batch)
+        return packed_log_probs_and_entropy(self.model, variables, batch, self.sampling_temperature)
+
     def _check_width(self, batch: Mapping[str, jax.Array]) -> None:
         shape = tuple(jnp.shape(batch["input_ids"]))
         if len(shape) != 2 or shape[1] != self.width:
@@ -198,7 +215,12 @@ class GRPOObjective:
         """``(loss_sum, weight, metrics)`` for one packed (micro)batch."""
         del key
         loss_sum, weight, metrics = scored_policy_loss(
-            self.packed_log_probs, variables, batch, self.loss_options, reference
+            self.packed_log_probs,
+            variables,
+            batch,
+            self.loss_options,
+            reference,
+            score_entropy=self.packed_log_probs_and_entropy,
         )
         if "rewards" in batch:  # SampledRollout's per-completion rewards, for the log
             metrics = {**metrics, "reward/mean": jnp.mean(jnp.asarray(batch["rewards"]))}

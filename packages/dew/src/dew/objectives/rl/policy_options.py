@@ -47,7 +47,8 @@ class PolicyLossOptions:
     """The static options of the GRPO policy loss, checked once when built.
 
     The fields mean what they mean on ``GRPOObjective``; ``kl_estimator`` is one of
-    ``dew.rl.KL_ESTIMATORS`` (verl's names; ``"low_var_kl"``, k3, is the default). Numbers are stored as floats and the
+    ``dew.rl.KL_ESTIMATORS`` (verl's names; ``"low_var_kl"``, k3, is the default) and
+    ``entropy_coeff`` any finite number (verl's entropy bonus; 0, the default, is none). Numbers are stored as floats and the
     band options as ``(low, high)`` tuples of floats.
     """
 
@@ -61,6 +62,7 @@ class PolicyLossOptions:
     sequence_mask: tuple[float, float] | None = None
     geometric_mask: tuple[float, float] | None = None
     kl_estimator: str = "low_var_kl"
+    entropy_coeff: float = 0.0
 
     def __post_init__(self) -> None:
         beta = float(self.beta)
@@ -74,6 +76,13 @@ class PolicyLossOptions:
             raise ValueError(
                 f"dual_clip: expected None or a value above 1.0, got {self.dual_clip!r}"
             )
+        coeff = self.entropy_coeff
+        if (
+            isinstance(coeff, bool)
+            or not isinstance(coeff, int | float)
+            or not math.isfinite(coeff)
+        ):
+            raise ValueError(f"entropy_coeff: expected a finite number, got {coeff!r}")
         rl.get_policy_loss(self.policy_loss)  # a ValueError naming the field when unknown
         rl.get_aggregation(self.aggregation)
         if not isinstance(self.kl_estimator, str) or self.kl_estimator not in rl.KL_ESTIMATORS:
@@ -83,6 +92,7 @@ class PolicyLossOptions:
             )
         normal = {
             "beta": beta,
+            "entropy_coeff": float(coeff),
             "epsilon_low": float(self.epsilon_low),
             "epsilon_high": float(self.epsilon_high),
             "dual_clip": None if self.dual_clip is None else float(self.dual_clip),

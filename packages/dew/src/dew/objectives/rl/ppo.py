@@ -23,7 +23,8 @@ their count by the Trainer (verl ``token-mean`` for every term)::
                                                 (verl kl_penalty, "low_var_kl" = k3 by default)
     vf    = 0.5 * max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)
                                                            (verl compute_value_loss)
-    loss  = pg + beta * kl + value_coefficient * vf
+    ent   = token entropy of the policy's logits            (verl entropy_from_logits)
+    loss  = pg - entropy_coeff * ent + beta * kl + value_coefficient * vf
 
 ``V`` at token ``t`` is the critic's output at column ``t - 1`` (the state before the token,
 as verl's critic reads it), the same alignment as the policy's log-probs. Both losses reduce
@@ -55,7 +56,7 @@ from dew.objectives.rl._ppo_critic import packed_values, value_loss_terms
 from dew.objectives.rl._ppo_tree import CRITIC, POLICY, join, subtree
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.policy_loss import scored_policy_loss
-from dew.objectives.scoring import packed_log_probs
+from dew.objectives.scoring import packed_log_probs, packed_log_probs_and_entropy
 
 _UNSET = object()
 TARGETS = ("old_values", "advantages", "returns")
@@ -85,6 +86,8 @@ class PPOObjective:
       sampling_temperature: score ids at the temperature they were sampled at.
       kl_estimator: the KL estimate by verl's name, as on ``GRPOObjective`` (default
         ``"low_var_kl"``, k3).
+      entropy_coeff: verl's entropy bonus on the policy, as on ``GRPOObjective`` (token mean
+        of the policy's entropy times this, subtracted; 0 by default: none).
       aggregation, sequence_mask, geometric_mask: accepted only at their defaults
         (``"token-mean"``, None, None); anything else is refused, because the value loss
         shares the policy loss's token mass.
@@ -114,6 +117,7 @@ class PPOObjective:
         geometric_mask: tuple[float, float] | None = None,
         ema_decay: Any = _UNSET,
         kl_estimator: str = "low_var_kl",
+        entropy_coeff: float = 0.0,
     ) -> None:
         if aggregation != "token-mean":
             raise ValueError(
@@ -155,6 +159,7 @@ class PPOObjective:
             behavior_importance=behavior_importance,
             sampling_temperature=sampling_temperature,
             kl_estimator=kl_estimator,
+            entropy_coeff=entropy_coeff,
         )
         self.model = model
         self.critic = critic
@@ -169,6 +174,7 @@ class PPOObjective:
         self.dual_clip = self._policy.dual_clip
         self.behavior_importance = self._policy.behavior_importance
         self.kl_estimator = self._policy.kl_estimator
+        self.entropy_coeff = self._policy.entropy_coeff
         self.sampling_temperature = self._policy.sampling_temperature
         self.aggregation = "token-mean"
 
@@ -250,6 +256,15 @@ class PPOObjective:
             self.model, self.policy_variables(variables), batch, self.sampling_temperature
         )
 
+    def packed_log_probs_and_entropy(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """``[B, W]`` policy log-probs and next-token entropies from one forward."""
+        self._policy._check_width(batch)
+        return packed_log_probs_and_entropy(
+            self.model, self.policy_variables(variables), batch, self.sampling_temperature
+        )
+
     def packed_values(
         self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
     ) -> jax.Array:
@@ -308,6 +323,7 @@ class PPOObjective:
             self._policy.loss_options,
             reference,
             score_reference=self._reference_log_probs,
+            score_entropy=self.packed_log_probs_and_entropy,
         )
         mask = (jnp.asarray(batch["response_mask"]) > 0) & (
             jnp.asarray(batch["text_segment_ids"]) > 0
