@@ -437,6 +437,9 @@ def record_all(rec: Recorder) -> None:
             loss_agg_mode=mode,
             grad_of="loss",
             grad_wrt=("loss_mat",),
+            dtypes=("f64", "f32", "bf16")
+            if tag.startswith("seq_mean_token_") and factor is None and not tag.endswith("norm")
+            else ("f64", "f32"),
         )
 
     # policy losses ----------------------------------------------------------------------------

@@ -372,6 +372,35 @@ def grpo_entropy(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     return {"loss": loss_sum / weight, "entropy_loss": metrics["policy/entropy"]}
 
 
+def _rows(mask: jax.Array) -> jax.Array:
+    """One group id per row: verl's sequences."""
+    b, t = mask.shape
+    return jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
+
+
+def registry_agg(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's agg_loss mode through the registry entry of the same name, one group a row."""
+    total, weight = rl.get_aggregation(side["loss_agg_mode"])(
+        x["loss_mat"], x["loss_mask"], _rows(x["loss_mask"])
+    )
+    return {"loss": total / weight}
+
+
+def objective_vanilla(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's vanilla policy loss in a sequence mode through GRPO's compute_policy_loss."""
+    from dew.objectives.rl.policy_loss import PolicyLossOptions, compute_policy_loss
+
+    low, high, c = _clip(side)
+    mask = x["response_mask"]
+    batch = {"response_mask": mask, "advantages": x["advantages"],
+             "old_log_probs": x["old_log_prob"], "session_index": _rows(mask)}  # fmt: skip
+    options = PolicyLossOptions(
+        aggregation=side["loss_agg_mode"], epsilon_low=low, epsilon_high=high, dual_clip=c
+    )
+    loss_sum, weight, _ = compute_policy_loss(x["log_prob"], batch, options)
+    return {"pg_loss": loss_sum / weight}
+
+
 def composite_ppo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     low, high, c = _clip(side)
     mask = x["response_mask"]
@@ -558,6 +587,13 @@ CASES: list[tuple[str, str, Adapter]] = [
     ("composite_grpo", "policy_loss (fused GRPO loss)", fused_grpo),
     ("composite_ppo", PPO_COMPOSITE, composite_ppo),
     ("composite_grpo_entropy_token_mean", GRPO_ENTROPY, grpo_entropy),
+    # verl's sequence modes by name: the registry entries and GRPO's objective loss
+    ("agg_loss_seq_mean_token_mean", "aggregation 'seq-mean-token-mean'", registry_agg),
+    ("agg_loss_seq_mean_token_sum", "aggregation 'seq-mean-token-sum'", registry_agg),
+    ("policy_vanilla_seq_mean_token_mean", "compute_policy_loss (seq-mean-token-mean)",
+     objective_vanilla),
+    ("policy_vanilla_seq_mean_token_sum", "compute_policy_loss (seq-mean-token-sum)",
+     objective_vanilla),
     ("composite_grpo_entropy_seq_mean_token_mean", GRPO_ENTROPY, grpo_entropy),
 ]  # fmt: skip
 

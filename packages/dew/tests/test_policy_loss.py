@@ -134,3 +134,33 @@ def test_the_objective_keeps_one_checked_options_object() -> None:
     assert objective.options() == dataclasses.asdict(objective.loss_options)
     with pytest.raises(AttributeError):
         objective.beta = 0.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "session-mean"]
+)
+def test_an_aggregation_adds_up_over_microbatches(aggregation: str) -> None:
+    """(loss_sum, weight) of row halves summed: the whole batch's loss and gradient, as the
+    Trainer sums micro-batches (or devices) before dividing; no session is split here."""
+    log_probs, batch = _batch(3)
+    ref = log_probs - 0.2
+    entropy = jnp.abs(log_probs) * 0.5
+    opts = PolicyLossOptions(aggregation=aggregation, beta=0.1, entropy_coeff=0.01)
+
+    def loss_of(rows: slice):
+        def f(lp: jax.Array) -> tuple[jax.Array, jax.Array]:
+            part = {k: v[rows] for k, v in batch.items()}
+            loss_sum, weight, _ = compute_policy_loss(lp[rows], part, opts, ref[rows],
+                                                      entropy[rows])  # fmt: skip
+            return loss_sum, weight
+
+        return jax.value_and_grad(f, has_aux=True)(log_probs)
+
+    (whole_sum, whole_weight), whole_grad = loss_of(slice(None))
+    (s0, w0), g0 = loss_of(slice(0, 1))
+    (s1, w1), g1 = loss_of(slice(1, 2))
+    assert float(w0 + w1) == float(whole_weight) > 0
+    np.testing.assert_allclose(
+        float((s0 + s1) / (w0 + w1)), float(whole_sum / whole_weight), rtol=1e-6
+    )
+    np.testing.assert_allclose(np.asarray(g0 + g1), np.asarray(whole_grad), rtol=1e-6, atol=1e-8)

@@ -13,9 +13,12 @@ aggregations) is composed in ``dew.objectives.rl.policy_loss``.
 per-token losses over kept tokens and their count (verl ``token-mean``); for
 ``"session-mean"`` the sum over sessions of each session's token mean and the number of
 sessions with a kept token (verl ``seq-mean-token-mean`` when a session is one chain; with
-several chains a session still counts once, Agent Lightning's per-rollout mean). With
-``Trainer(microbatches=k)`` the sums add up across microbatches; a session whose chains land
-in two microbatches then counts once in each.
+several chains a session still counts once, Agent Lightning's per-rollout mean), also
+spelled ``"seq-mean-token-mean"``; for ``"seq-mean-token-sum"`` the sum of every kept
+token's loss (each session's token sum, summed) and the number of sessions with a kept
+token (verl ``seq-mean-token-sum``). With ``Trainer(microbatches=k)`` or several devices
+the sums add up across the parts; a session whose chains land in two parts then counts
+once in each.
 
 Metrics (scalars, no gradient): ``policy/loss``, ``policy/clip_fraction`` and
 ``policy/clip_fraction_lower`` (verl ``pg_clipfrac``/``pg_clipfrac_lower``), ``policy/ppo_kl``,
@@ -75,8 +78,8 @@ class GRPOObjective:
         ``"gspo"`` (sequence ratio pooled per chain, ``compute_policy_loss_gspo``),
         ``"cispo"`` (``-sg(clip(r)) * A * log pi``, ``compute_policy_loss_cispo``), or a
         name registered with ``dew.rl.register_policy_loss``.
-      aggregation: ``"token-mean"``, ``"session-mean"`` or a name registered with
-        ``dew.rl.register_aggregation``.
+      aggregation: ``"token-mean"``, ``"session-mean"`` (alias ``"seq-mean-token-mean"``),
+        ``"seq-mean-token-sum"`` or a name registered with ``dew.rl.register_aggregation``.
       behavior_importance: None; a cap ``c`` (token TIS weight ``min(pi_old / mu, c)``); or
         ``(low, high)`` (IcePop: weight zero outside the band; in bypass mode the band masks).
       sequence_mask: ``(low, high)``: drop a chain whose summed k1 ``log(mu / pi_old)``
