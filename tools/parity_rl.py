@@ -460,6 +460,22 @@ def record_all(rec: Recorder) -> None:
             dtypes=("f64", "f32", "bf16") if mode == "token-mean" else ("f64", "f32"),
         )
 
+    # seq-mean-token-sum-norm with a fixed normaliser, as verl's ppo_loss passes
+    # config.loss_scale_factor to the policy loss through config.global_batch_info
+    norm_cfg = actor_config(0.2, 0.28, 3.0)
+    norm_cfg.global_batch_info["loss_scale_factor"] = 16
+    rec.case(
+        "policy_vanilla_seq_mean_token_sum_norm_16",
+        f"{ca}.compute_policy_loss_vanilla",
+        policy_run(core_algos.compute_policy_loss_vanilla, "seq-mean-token-sum-norm", norm_cfg),
+        van_x,
+        options={**clip_opts, "loss_scale_factor": 16},
+        loss_agg_mode="seq-mean-token-sum-norm",
+        grad_of="pg_loss",
+        grad_wrt=("log_prob",),
+        dtypes=("f64", "f32", "bf16"),
+    )
+
     rec.case(
         "policy_vanilla_token_mean_intmask",
         f"{ca}.compute_policy_loss_vanilla",

@@ -395,8 +395,9 @@ def objective_vanilla(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     batch = {"response_mask": mask, "advantages": x["advantages"],
              "old_log_probs": x["old_log_prob"], "session_index": _rows(mask)}  # fmt: skip
     options = PolicyLossOptions(
-        aggregation=side["loss_agg_mode"], epsilon_low=low, epsilon_high=high, dual_clip=c
-    )
+        aggregation=side["loss_agg_mode"], epsilon_low=low, epsilon_high=high, dual_clip=c,
+        loss_scale_factor=side["options"].get("loss_scale_factor"),
+    )  # fmt: skip
     loss_sum, weight, _ = compute_policy_loss(x["log_prob"], batch, options)
     return {"pg_loss": loss_sum / weight}
 
@@ -594,6 +595,8 @@ CASES: list[tuple[str, str, Adapter]] = [
      objective_vanilla),
     ("policy_vanilla_seq_mean_token_sum", "compute_policy_loss (seq-mean-token-sum)",
      objective_vanilla),
+    ("policy_vanilla_seq_mean_token_sum_norm_16",
+     "compute_policy_loss (seq-mean-token-sum-norm)", objective_vanilla),
     ("composite_grpo_entropy_seq_mean_token_mean", GRPO_ENTROPY, grpo_entropy),
 ]  # fmt: skip
 

@@ -137,7 +137,8 @@ def test_the_objective_keeps_one_checked_options_object() -> None:
 
 
 @pytest.mark.parametrize(
-    "aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "session-mean"]
+    "aggregation",
+    ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
 )
 def test_an_aggregation_adds_up_over_microbatches(aggregation: str) -> None:
     """(loss_sum, weight) of row halves summed: the whole batch's loss and gradient, as the
@@ -145,7 +146,10 @@ def test_an_aggregation_adds_up_over_microbatches(aggregation: str) -> None:
     log_probs, batch = _batch(3)
     ref = log_probs - 0.2
     entropy = jnp.abs(log_probs) * 0.5
-    opts = PolicyLossOptions(aggregation=aggregation, beta=0.1, entropy_coeff=0.01)
+    factor = 16.0 if aggregation == "seq-mean-token-sum-norm" else None
+    opts = PolicyLossOptions(
+        aggregation=aggregation, beta=0.1, entropy_coeff=0.01, loss_scale_factor=factor
+    )
 
     def loss_of(rows: slice):
         def f(lp: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -164,3 +168,37 @@ def test_an_aggregation_adds_up_over_microbatches(aggregation: str) -> None:
         float((s0 + s1) / (w0 + w1)), float(whole_sum / whole_weight), rtol=1e-6
     )
     np.testing.assert_allclose(np.asarray(g0 + g1), np.asarray(whole_grad), rtol=1e-6, atol=1e-8)
+
+
+def test_seq_mean_token_sum_norm_is_seq_mean_token_sum_over_its_factor() -> None:
+    log_probs, batch = _batch(4)
+    ref, entropy = log_probs - 0.2, jnp.abs(log_probs)
+    common = {"beta": 0.1, "entropy_coeff": 0.01}
+    plain = compute_policy_loss(
+        log_probs, batch, PolicyLossOptions(aggregation="seq-mean-token-sum", **common), ref,
+        entropy,
+    )  # fmt: skip
+    normed = compute_policy_loss(
+        log_probs, batch,
+        PolicyLossOptions(aggregation="seq-mean-token-sum-norm", loss_scale_factor=8, **common),
+        ref, entropy,
+    )  # fmt: skip
+    assert float(normed[1]) == float(plain[1])  # the same weight: the number of sessions
+    np.testing.assert_allclose(float(normed[0]), float(plain[0]) / 8, rtol=1e-6)
+    for name in ("policy/loss", "policy/entropy"):
+        np.testing.assert_allclose(float(normed[2][name]), float(plain[2][name]) / 8, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"aggregation": "seq-mean-token-sum-norm"}, "^loss_scale_factor: aggregation 'seq-mean"),
+        ({"aggregation": "seq-mean-token-sum-norm", "loss_scale_factor": 0}, "^loss_scale_f"),
+        ({"loss_scale_factor": 16}, "^loss_scale_factor: only aggregation 'seq-mean-token-sum-n"),
+        ({"entropy_coeff": float("inf")}, "^entropy_coeff: expected a finite number"),
+        ({"kl_estimator": "k2+"}, "^kl_estimator: expected one of"),
+    ],
+)
+def test_new_options_are_refused_naming_the_option(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PolicyLossOptions(**options)

@@ -109,7 +109,8 @@ def test_every_loss_key_reaches_the_objective():
     import dew.models
 
     model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
-    options = {"policy_loss": "cispo", "aggregation": "session-mean", "epsilon_low": 0.15,
+    options = {"policy_loss": "cispo", "aggregation": "seq-mean-token-sum-norm",
+               "loss_scale_factor": 16.0, "epsilon_low": 0.15,
                "epsilon_high": 0.25, "dual_clip": 4.0, "behavior_importance": 2.0,
                "sequence_mask": (0.5, 2.0), "geometric_mask": (0.9, 1.1),
                "kl_estimator": "mse", "entropy_coeff": 0.02}  # fmt: skip
@@ -138,6 +139,13 @@ def test_kl_estimator_and_entropy_coeff_are_config_keys_of_grpo_and_ppo(prompts,
     assert ppo.kl_estimator == "abs" and ppo.options()["kl_estimator"] == "abs"
     assert ppo.entropy_coeff == 0.01 and ppo.options()["entropy_coeff"] == 0.01
     assert train_objective(prompts, "objective.entropy_coeff=0.001")[0].entropy_coeff == 0.001
+    normed, _ = train_objective(prompts, "objective.aggregation=seq-mean-token-sum-norm",
+                                "objective.loss_scale_factor=16")  # fmt: skip
+    assert (normed.aggregation, normed.loss_scale_factor) == ("seq-mean-token-sum-norm", 16.0)
+    status = main(train_argv(prompts, "objective.aggregation=seq-mean-token-sum-norm"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1, err
+    assert "objective.loss_scale_factor: aggregation 'seq-mean-token-sum-norm' needs" in err[0]
     with pytest.raises(ConfigError, match=r"objective\.entropy_coeff: expected a finite number"):
         build_stage("ppo", model, 8, {"entropy_coeff": float("inf")}, reward=low)
     with pytest.raises(ConfigError, match=r"objective\.kl_estimator: expected one of"):

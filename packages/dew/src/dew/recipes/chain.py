@@ -22,7 +22,8 @@ GRPO stages expose ``beta``, ``reward``, ``groups``, ``max_new_tokens``, ``sampl
 sampler's top-k), ``estimator`` (the advantage estimator: ``group``, ``mean`` or ``rloo``), ``temperature`` (the rollout samples at it and the objective scores at the
 same temperature), ``eos_id`` (the ids that end a completion) and ``decode`` (ids -> the text
 the reward reads), and GRPO's loss options ``policy_loss``, ``aggregation``, ``epsilon_low``,
-``epsilon_high``, ``dual_clip``, ``kl_estimator``, ``entropy_coeff`` and the rollout corrections
+``epsilon_high``, ``dual_clip``, ``kl_estimator``, ``entropy_coeff``, ``loss_scale_factor``
+and the rollout corrections
 ``behavior_importance``, ``sequence_mask`` and ``geometric_mask`` (``dew.recipes.stages.GRPOLoss``, shared with ``dew train
 grpo``; ``build_stage`` there turns a stage into its objective and rollout). Left unset they
 keep ``SampledRollout``'s and ``GRPOObjective``'s defaults: temperature 1, no end id, token
@@ -92,8 +93,8 @@ class Stage(GRPOLoss):
     GRPO's loss options are keyword-only fields too, the keys of
     ``dew.recipes.stages.GRPOLoss`` (the same as ``dew train grpo``'s ``objective`` section):
     ``policy_loss``, ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``,
-    ``behavior_importance``, ``sequence_mask``, ``geometric_mask``, ``kl_estimator`` and
-    ``entropy_coeff``.
+    ``behavior_importance``, ``sequence_mask``, ``geometric_mask``, ``kl_estimator``,
+    ``entropy_coeff`` and ``loss_scale_factor``.
     """
 
     name: str

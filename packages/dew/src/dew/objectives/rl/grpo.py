@@ -16,7 +16,8 @@ sessions with a kept token (verl ``seq-mean-token-mean`` when a session is one c
 several chains a session still counts once, Agent Lightning's per-rollout mean), also
 spelled ``"seq-mean-token-mean"``; for ``"seq-mean-token-sum"`` the sum of every kept
 token's loss (each session's token sum, summed) and the number of sessions with a kept
-token (verl ``seq-mean-token-sum``). With ``Trainer(microbatches=k)`` or several devices
+token (verl ``seq-mean-token-sum``), divided by ``loss_scale_factor`` for
+``"seq-mean-token-sum-norm"``. With ``Trainer(microbatches=k)`` or several devices
 the sums add up across the parts; a session whose chains land in two parts then counts
 once in each.
 
@@ -79,7 +80,11 @@ class GRPOObjective:
         ``"cispo"`` (``-sg(clip(r)) * A * log pi``, ``compute_policy_loss_cispo``), or a
         name registered with ``dew.rl.register_policy_loss``.
       aggregation: ``"token-mean"``, ``"session-mean"`` (alias ``"seq-mean-token-mean"``),
-        ``"seq-mean-token-sum"`` or a name registered with ``dew.rl.register_aggregation``.
+        ``"seq-mean-token-sum"``, ``"seq-mean-token-sum-norm"`` (the previous one divided by
+        ``loss_scale_factor``) or a name registered with ``dew.rl.register_aggregation``.
+      loss_scale_factor: verl's constant normaliser of ``"seq-mean-token-sum-norm"`` (a
+        positive number such as the response budget); required by that mode, refused by
+        the others.
       behavior_importance: None; a cap ``c`` (token TIS weight ``min(pi_old / mu, c)``); or
         ``(low, high)`` (IcePop: weight zero outside the band; in bypass mode the band masks).
       sequence_mask: ``(low, high)``: drop a chain whose summed k1 ``log(mu / pi_old)``
@@ -118,6 +123,7 @@ class GRPOObjective:
         ema_decay: Any = _UNSET,
         kl_estimator: str = "low_var_kl",
         entropy_coeff: float = 0.0,
+        loss_scale_factor: float | None = None,
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
@@ -135,6 +141,7 @@ class GRPOObjective:
             geometric_mask=geometric_mask,
             kl_estimator=kl_estimator,
             entropy_coeff=entropy_coeff,
+            loss_scale_factor=loss_scale_factor,
         )
         if sampling_temperature is not None and not float(sampling_temperature) > 0.0:
             raise ValueError(
@@ -167,6 +174,7 @@ class GRPOObjective:
     geometric_mask = _option("geometric_mask")
     kl_estimator = _option("kl_estimator")
     entropy_coeff = _option("entropy_coeff")
+    loss_scale_factor = _option("loss_scale_factor")
 
     @property
     def ema_decay(self) -> float | None:

@@ -66,6 +66,8 @@ from dew.rl import (
 )
 
 Metrics = dict[str, jax.Array]
+#: The metrics verl's loss_scale_factor divides along with the loss (its agg_loss results).
+_SCALED = ("policy/loss", "policy/entropy")
 
 
 class Inputs(NamedTuple):
@@ -230,7 +232,7 @@ def aggregate(
     with the batch's ``session_index`` as its group ids when the batch has it (the
     ``"session-mean"`` sessions); ``policy/loss`` is its ``total / weight`` of the policy terms.
     """
-    aggregation = get_aggregation(options.aggregation)
+    aggregation = get_aggregation(options.registry_aggregation)
     sessions = None
     if "session_index" in batch:
         sessions = _field(batch, "session_index", per_token).astype(jnp.int32)
@@ -264,7 +266,7 @@ def entropy_bonus(
     if "session_index" in batch:
         sessions = _field(batch, "session_index", keep).astype(jnp.int32)
     zero = jnp.zeros((), dtype)
-    total, weight = get_aggregation(options.aggregation)(
+    total, weight = get_aggregation(options.registry_aggregation)(
         jnp.where(keep, entropy, zero), keep, sessions
     )
     metrics = {"policy/entropy": total / jnp.maximum(weight, 1)}
@@ -302,6 +304,10 @@ def compute_policy_loss(
         bonus, entropy_metrics = entropy_bonus(entropy, keep, batch, options, loss_sum.dtype)
         loss_sum = loss_sum - bonus
         more = {**more, **entropy_metrics}
+    if options.loss_scale_factor is not None:  # seq-mean-token-sum-norm: every term
+        scale = jnp.asarray(options.loss_scale_factor, loss_sum.dtype)
+        loss_sum = loss_sum / scale
+        more = {k: more[k] / scale if k in _SCALED else more[k] for k in more}
     return loss_sum, weight, jax.lax.stop_gradient({**metrics, **more})
 
 
