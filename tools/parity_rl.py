@@ -391,18 +391,25 @@ def record_all(rec: Recorder) -> None:
     ref[1, 1] = logprob[1, 1] + 4.0  # k3 output past 10 while the input is unclamped
     ref[1, 2] = logprob[1, 2] - 15.0  # k3 output past 10 from the other side
     kl_x = {"logprob": logprob, "ref_logprob": ref}
-    for kind in ("k1", "k2", "k3"):
+    # verl's other spellings (and "abs") on the same inputs plus a tie, where abs's gradient
+    # is torch's sign(0) = 0.
+    tie_x = {"logprob": logprob, "ref_logprob": ref.copy()}
+    tie_x["ref_logprob"][2, 4] = logprob[2, 4]
+    for kind, inputs in (
+        *((k, kl_x) for k in ("k1", "k2", "k3")),
+        *((k, tie_x) for k in ("kl", "abs", "mse", "low_var_kl")),
+    ):
         rec.case(
             f"kl_penalty_{kind}",
             f"{ca}.kl_penalty",
             lambda v, kind=kind: {
                 "kl": core_algos.kl_penalty(v["logprob"], v["ref_logprob"], kind)
             },
-            kl_x,
+            inputs,
             options={"kl_penalty": kind},
             grad_of="kl",
             grad_wrt=("logprob", "ref_logprob"),
-            dtypes=("f64", "f32", "bf16") if kind == "k3" else ("f64", "f32"),
+            dtypes=("f64", "f32", "bf16"),
         )
 
     # agg_loss ------------------------------------------------------------------------------------
@@ -430,6 +437,9 @@ def record_all(rec: Recorder) -> None:
             loss_agg_mode=mode,
             grad_of="loss",
             grad_wrt=("loss_mat",),
+            dtypes=("f64", "f32", "bf16")
+            if tag.startswith("seq_mean_token_") and factor is None and not tag.endswith("norm")
+            else ("f64", "f32"),
         )
 
     # policy losses ----------------------------------------------------------------------------
@@ -449,6 +459,22 @@ def record_all(rec: Recorder) -> None:
             grad_wrt=("log_prob",),
             dtypes=("f64", "f32", "bf16") if mode == "token-mean" else ("f64", "f32"),
         )
+
+    # seq-mean-token-sum-norm with a fixed normaliser, as verl's ppo_loss passes
+    # config.loss_scale_factor to the policy loss through config.global_batch_info
+    norm_cfg = actor_config(0.2, 0.28, 3.0)
+    norm_cfg.global_batch_info["loss_scale_factor"] = 16
+    rec.case(
+        "policy_vanilla_seq_mean_token_sum_norm_16",
+        f"{ca}.compute_policy_loss_vanilla",
+        policy_run(core_algos.compute_policy_loss_vanilla, "seq-mean-token-sum-norm", norm_cfg),
+        van_x,
+        options={**clip_opts, "loss_scale_factor": 16},
+        loss_agg_mode="seq-mean-token-sum-norm",
+        grad_of="pg_loss",
+        grad_wrt=("log_prob",),
+        dtypes=("f64", "f32", "bf16"),
+    )
 
     rec.case(
         "policy_vanilla_token_mean_intmask",
@@ -718,6 +744,61 @@ def record_all(rec: Recorder) -> None:
         dtypes=("f64", "f32", "bf16"),
         note="loss = pg_loss + kl_coef * token-mean(k3), as verl's actor adds use_kl_loss",
     )
+
+    # GRPO actor loss with verl's entropy bonus (verl/workers/utils/losses.py ppo_loss):
+    # loss = pg_loss - entropy_coeff * agg_loss(entropy) + kl_coef * agg_loss(kl), with the
+    # log-probs and the entropy both taken from the same logits.
+    rng = rng_for("grpo_entropy")
+    vocab = 11
+    ent_mask = standard_mask(b, t)
+    ent_x = {
+        "logits": rng.standard_normal((b, t, vocab)) * 2.0,
+        "ids": rng.integers(0, vocab, size=(b, t)).astype(np.int64),
+        "old_log_prob": -np.abs(rng.standard_normal((b, t))) * 1.5 - 1.5,
+        "advantages": np.repeat(rng.standard_normal((b, 1)), t, axis=1),
+        "response_mask": ent_mask,
+    }
+    ent_x["ref_log_prob"] = ent_x["old_log_prob"] + 0.3 * rng.standard_normal((b, t))
+    entropy_coeff = 0.01
+
+    def entropy_run(mode: str) -> Run:
+        def run(v: dict[str, Any]) -> dict[str, Any]:
+            ids = torch.from_numpy(v["ids"])
+            log_prob = verl_F.logprobs_from_logits(v["logits"], ids)
+            entropy = verl_F.entropy_from_logits(v["logits"])
+            pg_loss, _ = core_algos.compute_policy_loss_vanilla(
+                v["old_log_prob"], log_prob, v["advantages"], v["response_mask"], mode, cfg
+            )
+            entropy_loss = core_algos.agg_loss(entropy, v["response_mask"], mode)
+            kl = core_algos.kl_penalty(log_prob, v["ref_log_prob"], "low_var_kl")
+            kl_loss = core_algos.agg_loss(kl, v["response_mask"], mode)
+            loss = pg_loss - entropy_coeff * entropy_loss + beta * kl_loss
+            return {"loss": loss, "pg_loss": pg_loss, "entropy_loss": entropy_loss,
+                    "kl_loss": kl_loss}  # fmt: skip
+
+        return run
+
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        rec.case(
+            f"composite_grpo_entropy_{mode.replace('-', '_')}",
+            f"verl.workers.utils.losses.ppo_loss terms: {tf}.logprobs_from_logits, "
+            f"{tf}.entropy_from_logits, {ca}.compute_policy_loss_vanilla, {ca}.agg_loss, "
+            f"{ca}.kl_penalty(low_var_kl)",
+            entropy_run(mode),
+            ent_x,
+            options={
+                **clip_opts,
+                "entropy_coeff": entropy_coeff,
+                "kl_penalty": "low_var_kl",
+                "kl_coef": beta,
+            },  # fmt: skip
+            loss_agg_mode=mode,
+            grad_of="loss",
+            grad_wrt=("logits",),
+            dtypes=("f64", "f32", "bf16") if mode == "token-mean" else ("f64", "f32"),
+            note="loss = pg_loss - entropy_coeff * agg_loss(entropy) + kl_coef * agg_loss(k3), "
+            "as verl's ppo_loss adds its entropy and KL terms",
+        )
 
     ppo_x = policy_inputs("ppo_composite", b, t, spread=0.3, per_sequence_adv=False)
     rng = rng_for("ppo_composite/values")

@@ -337,6 +337,71 @@ def fused_grpo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     return {"loss": loss, "pg_loss": metrics["pg_loss"], "kl_loss": metrics["kl_loss"]}
 
 
+def grpo_entropy(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's ppo_loss with its entropy bonus through GRPO's ``compute_policy_loss``.
+
+    The log-probs and the entropy come from the same logits (``rl.token_entropy``);
+    ``seq-mean-token-mean`` is ``"session-mean"`` with one session per row. bf16 inputs are
+    upcast to float32, as the objective scores in float32.
+    """
+    from dew.objectives.rl.policy_loss import PolicyLossOptions, compute_policy_loss
+
+    o = side["options"]
+    dtype = jnp.float32 if x["logits"].dtype == jnp.bfloat16 else x["logits"].dtype
+    logits = x["logits"].astype(dtype)
+    ids = x["ids"].astype(jnp.int32)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), ids[..., None], -1)[..., 0]
+    mask = x["response_mask"]
+    b, t = mask.shape
+    batch = {
+        "response_mask": mask,
+        "advantages": x["advantages"].astype(dtype),
+        "old_log_probs": x["old_log_prob"].astype(dtype),
+        "session_index": jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t)),
+    }
+    mode = side["loss_agg_mode"]
+    options = PolicyLossOptions(
+        aggregation={"token-mean": "token-mean", "seq-mean-token-mean": "session-mean"}[mode],
+        beta=o["kl_coef"], epsilon_low=o["clip_ratio_low"], epsilon_high=o["clip_ratio_high"],
+        dual_clip=o["clip_ratio_c"], kl_estimator=o["kl_penalty"],
+        entropy_coeff=o["entropy_coeff"],
+    )  # fmt: skip
+    loss_sum, weight, metrics = compute_policy_loss(
+        log_probs, batch, options, x["ref_log_prob"].astype(dtype), rl.token_entropy(logits)
+    )
+    return {"loss": loss_sum / weight, "entropy_loss": metrics["policy/entropy"]}
+
+
+def _rows(mask: jax.Array) -> jax.Array:
+    """One group id per row: verl's sequences."""
+    b, t = mask.shape
+    return jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], (b, t))
+
+
+def registry_agg(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's agg_loss mode through the registry entry of the same name, one group a row."""
+    total, weight = rl.get_aggregation(side["loss_agg_mode"])(
+        x["loss_mat"], x["loss_mask"], _rows(x["loss_mask"])
+    )
+    return {"loss": total / weight}
+
+
+def objective_vanilla(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
+    """verl's vanilla policy loss in a sequence mode through GRPO's compute_policy_loss."""
+    from dew.objectives.rl.policy_loss import PolicyLossOptions, compute_policy_loss
+
+    low, high, c = _clip(side)
+    mask = x["response_mask"]
+    batch = {"response_mask": mask, "advantages": x["advantages"],
+             "old_log_probs": x["old_log_prob"], "session_index": _rows(mask)}  # fmt: skip
+    options = PolicyLossOptions(
+        aggregation=side["loss_agg_mode"], epsilon_low=low, epsilon_high=high, dual_clip=c,
+        loss_scale_factor=side["options"].get("loss_scale_factor"),
+    )  # fmt: skip
+    loss_sum, weight, _ = compute_policy_loss(x["log_prob"], batch, options)
+    return {"pg_loss": loss_sum / weight}
+
+
 def composite_ppo(x: dict[str, jax.Array], side: dict[str, Any]) -> Outputs:
     low, high, c = _clip(side)
     mask = x["response_mask"]
@@ -398,6 +463,7 @@ def kl_of(estimator: Callable[[jax.Array, jax.Array], jax.Array]) -> Adapter:
 
 
 GRPO_COMPOSITE = "GRPO composite (token_log_ratio, clipped_surrogate, k3_kl, token_mean)"
+GRPO_ENTROPY = "compute_policy_loss with entropy_coeff (GRPO loss + entropy bonus)"
 PPO_COMPOSITE = "PPO composite (clipped_surrogate, clipped_value_loss_terms)"
 
 CASES: list[tuple[str, str, Adapter]] = [
@@ -412,6 +478,12 @@ CASES: list[tuple[str, str, Adapter]] = [
     ("kl_penalty_k1", "k1_kl", kl_of(rl.k1_kl)),
     ("kl_penalty_k2", "k2_kl", kl_of(rl.k2_kl)),
     ("kl_penalty_k3", "k3_kl", kl_of(rl.k3_kl)),
+    # verl's other names, through dew.rl.kl_penalty by the same name (abs: with a tie)
+    *[
+        (f"kl_penalty_{name}", f"kl_penalty({name!r})",
+         kl_of(lambda a, b, name=name: rl.kl_penalty(a, b, name)))
+        for name in ("kl", "abs", "mse", "low_var_kl")
+    ],
     ("agg_loss_token_mean", "token_mean", agg),
     ("agg_loss_token_sum", "token_mean", agg),
     ("agg_loss_seq_mean_token_mean", "sequence_mean", agg),
@@ -515,9 +587,20 @@ CASES: list[tuple[str, str, Adapter]] = [
     ("composite_grpo", GRPO_COMPOSITE, composite_grpo),
     ("composite_grpo", "policy_loss (fused GRPO loss)", fused_grpo),
     ("composite_ppo", PPO_COMPOSITE, composite_ppo),
+    ("composite_grpo_entropy_token_mean", GRPO_ENTROPY, grpo_entropy),
+    # verl's sequence modes by name: the registry entries and GRPO's objective loss
+    ("agg_loss_seq_mean_token_mean", "aggregation 'seq-mean-token-mean'", registry_agg),
+    ("agg_loss_seq_mean_token_sum", "aggregation 'seq-mean-token-sum'", registry_agg),
+    ("policy_vanilla_seq_mean_token_mean", "compute_policy_loss (seq-mean-token-mean)",
+     objective_vanilla),
+    ("policy_vanilla_seq_mean_token_sum", "compute_policy_loss (seq-mean-token-sum)",
+     objective_vanilla),
+    ("policy_vanilla_seq_mean_token_sum_norm_16",
+     "compute_policy_loss (seq-mean-token-sum-norm)", objective_vanilla),
+    ("composite_grpo_entropy_seq_mean_token_mean", GRPO_ENTROPY, grpo_entropy),
 ]  # fmt: skip
 
-UPCASTING = {"masked_whiten", "gae"}  # dew computes these in float32 for bf16 input
+UPCASTING = {"masked_whiten", "gae", GRPO_ENTROPY}  # dew computes these in float32 for bf16 input
 
 
 def _stems(prefix: str) -> list[str]:

@@ -35,6 +35,8 @@ EXTRA_NAMES = {
     "clipped_surrogate_terms",
     "k1_kl",
     "k2_kl",
+    "abs_kl",
+    "kl_penalty",
     "token_entropy",
     "icepop_weights",
     "token_rejection_mask",
@@ -57,7 +59,10 @@ RNG = np.random.default_rng(1)
 
 
 def test_all_lists_every_function_and_group_eps() -> None:
-    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES | {"GROUP_EPS"}
+    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES | {
+        "GROUP_EPS",
+        "KL_ESTIMATORS",
+    }
     for name in rl.__all__:
         assert getattr(rl, name) is not None
 
@@ -109,6 +114,8 @@ def _calls(dtype):
         "icepop_weights": lambda: rl.icepop_weights(a, b, m, 0.5, 2.0),
         "k1_kl": lambda: rl.k1_kl(a, b),
         "k2_kl": lambda: rl.k2_kl(a, b),
+        "abs_kl": lambda: rl.abs_kl(a, b),
+        "kl_penalty": lambda: rl.kl_penalty(a, b, "mse"),
         "k3_kl": lambda: rl.k3_kl(a, b),
         "masked_mean": lambda: rl.masked_mean(a, m),
         "masked_whiten": lambda: rl.masked_whiten(a, m),

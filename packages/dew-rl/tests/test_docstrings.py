@@ -26,7 +26,7 @@ COMPOSITIONS = {"dew.rl._registry", "dew.rl._builtins"}
 
 
 def test_every_public_name_but_the_constant_is_a_function() -> None:
-    assert set(rl.__all__) - set(FUNCTIONS) == {"GROUP_EPS"}
+    assert set(rl.__all__) - set(FUNCTIONS) == {"GROUP_EPS", "KL_ESTIMATORS"}
     assert len(FUNCTIONS) >= 25
 
 
@@ -97,7 +97,7 @@ LAYOUT = {
     "dew.rl._clipped_surrogate": {"clipped_surrogate", "clipped_surrogate_terms"},
     "dew.rl._cispo": {"cispo_terms"},
     "dew.rl._value_loss": {"clipped_value_loss_terms"},
-    "dew.rl._kl": {"k1_kl", "k2_kl", "k3_kl"},
+    "dew.rl._kl": {"k1_kl", "abs_kl", "k2_kl", "k3_kl", "kl_penalty"},
     "dew.rl._entropy": {"token_entropy"},
     "dew.rl._reductions": {
         "token_mean",

@@ -43,8 +43,37 @@ def test_k3_clamps_log_ratio_and_estimate() -> None:
     np.testing.assert_allclose(grad, [0.0, 0.0, 1 - np.exp(2.5)], rtol=1e-12)
 
 
+def test_abs_formula_and_gradient_at_a_tie() -> None:
+    lp = jnp.asarray([-1.0, -2.0, -0.5])
+    ref = jnp.asarray([-1.5, -1.0, -0.5])  # the last is a tie: |0| has gradient 0, as in torch
+    np.testing.assert_array_equal(np.asarray(rl.abs_kl(lp, ref)), [0.5, 1.0, 0.0])
+    grad = jax.grad(lambda x, y: rl.abs_kl(x, y).sum(), argnums=(0, 1))(lp, ref)
+    np.testing.assert_array_equal(np.asarray(grad[0]), [1.0, -1.0, 0.0])
+    np.testing.assert_array_equal(np.asarray(grad[1]), [-1.0, 1.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    ("names", "function"),
+    [(("kl", "k1"), rl.k1_kl), (("abs",), rl.abs_kl), (("mse", "k2"), rl.k2_kl),
+     (("low_var_kl", "k3"), rl.k3_kl)],
+)  # fmt: skip
+def test_kl_penalty_picks_the_estimator_by_verls_names(names, function) -> None:
+    lp, ref = jnp.asarray(RNG.normal(size=(2, 3))), jnp.asarray(RNG.normal(size=(2, 3)))
+    for name in names:
+        assert name in rl.KL_ESTIMATORS
+        np.testing.assert_array_equal(
+            np.asarray(rl.kl_penalty(lp, ref, name)), np.asarray(function(lp, ref))
+        )
+
+
+@pytest.mark.parametrize("name", ["k3+", "full", "K3", ""])
+def test_kl_penalty_refuses_other_names(name: str) -> None:
+    with pytest.raises(ValueError, match=r"^kl_estimator: expected one of kl, k1, abs, .*got"):
+        rl.kl_penalty(jnp.zeros(2), jnp.zeros(2), name)
+
+
 def test_kl_estimators_check_inputs() -> None:
-    for fn in (rl.k1_kl, rl.k2_kl, rl.k3_kl):
+    for fn in (rl.k1_kl, rl.abs_kl, rl.k2_kl, rl.k3_kl):
         with pytest.raises(ValueError, match="ref_log_probs: expected the shape"):
             fn(jnp.zeros((2, 3)), jnp.zeros((3, 2)))
         with pytest.raises(TypeError, match="ref_log_probs: expected the dtype"):

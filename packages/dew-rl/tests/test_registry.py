@@ -141,6 +141,12 @@ def test_builtin_aggregations_give_a_total_and_its_weight() -> None:
     assert float(weight) == 3.0
     with pytest.raises(ValueError, match="group_ids: expected"):
         rl.get_aggregation("session-mean")(x, mask, None)
+    # verl's names: seq-mean-token-mean is session-mean; seq-mean-token-sum sums each session
+    assert rl.get_aggregation("seq-mean-token-mean") is rl.get_aggregation("session-mean")
+    total, weight = rl.get_aggregation("seq-mean-token-sum")(x, mask, sessions)
+    assert (float(total), float(weight)) == (23.0, 3.0)  # (1 + 2) + (3 + 6 + 7) + 4
+    with pytest.raises(ValueError, match="group_ids: expected"):
+        rl.get_aggregation("seq-mean-token-sum")(x, mask, None)
 
 
 def test_a_registered_policy_loss_runs_under_jit_and_grad() -> None:

@@ -138,6 +138,9 @@ def test_init_uses_pretrained_and_ema_rules(model, variables):
         ({"sequence_mask": (0.0, 2.0)}, "sequence_mask"),
         ({"geometric_mask": "wide"}, "geometric_mask"),
         ({"sampling_temperature": 0.0}, "sampling_temperature"),
+        ({"entropy_coeff": math.nan}, "^entropy_coeff: expected a finite number"),
+        ({"entropy_coeff": "0.1"}, "^entropy_coeff: expected a finite number"),
+        ({"kl_estimator": "k3+"}, "^kl_estimator: expected one of kl, k1, abs, mse, k2, low_var"),
         ({"pretrained": {"weights": 1}}, "pretrained"),
     ],
 )
@@ -291,3 +294,114 @@ def test_objective_uses_a_policy_loss_and_aggregation_registered_by_name(model, 
     assert not np.isclose(float(ppo_sum), want)  # the default would not give this number
     with pytest.raises(ValueError, match=r"policy_loss: expected one of .*test-grpo-reinforce"):
         GRPOObjective(model, seq_len=W - 1, policy_loss="reinforce")
+
+
+KL_SPELLINGS = [("kl", "k1"), ("abs",), ("mse", "k2"), ("low_var_kl", "k3")]
+
+
+@pytest.fixture(scope="module")
+def reference(variables):
+    """Variables a little away from ``variables``: a reference the KL term can see."""
+    leaves, tree = jax.tree.flatten(variables)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    moved = [x + 0.3 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tree, moved)
+
+
+@pytest.mark.parametrize("name", ["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"])
+def test_the_kl_term_uses_the_estimator_named(model, variables, reference, batch, name):
+    import dew.rl as rl
+
+    beta = 0.2
+    objective = GRPOObjective(model, seq_len=W - 1, beta=beta, kl_estimator=name)
+    assert objective.kl_estimator == name and objective.options()["kl_estimator"] == name
+    key = jax.random.key(0)
+    loss_sum, weight, metrics = objective.loss(variables, batch, key, reference)
+    lp = objective.packed_log_probs(variables, batch)
+    ref = objective.packed_log_probs(reference, batch)
+    keep = (np.asarray(batch["response_mask"]) > 0) & (np.asarray(batch["text_segment_ids"]) > 0)
+    kl = np.asarray(rl.kl_penalty(lp, ref, name))[keep]
+    np.testing.assert_allclose(float(metrics["kl/reference"]), kl.mean(), rtol=1e-5)
+    # on these log-probs only the name's own spellings give that number
+    means = {n: np.asarray(rl.kl_penalty(lp, ref, n))[keep].mean() for n in rl.KL_ESTIMATORS}
+    same = {n for n, m in means.items() if np.isclose(m, kl.mean(), rtol=1e-5)}
+    assert same == next(set(group) for group in KL_SPELLINGS if name in group)
+    no_kl, no_kl_weight, _ = GRPOObjective(model, seq_len=W - 1).loss(variables, batch, key)
+    assert float(weight) == float(no_kl_weight) == keep.sum()
+    np.testing.assert_allclose(float(loss_sum), float(no_kl) + beta * kl.sum(), rtol=1e-5)
+
+
+def _numpy_entropy(model, variables, batch):
+    """[B, W] next-token entropies from the model's logits in float64 numpy (0 off-chain)."""
+    ids, seg = np.asarray(batch["input_ids"]), np.asarray(batch["text_segment_ids"])
+    logits = np.asarray(
+        model.apply(
+            variables,
+            jnp.asarray(ids[:, :-1]),
+            segment_ids=jnp.asarray(seg[:, :-1]),
+            positions=jnp.asarray(np.asarray(batch["text_positions"])[:, :-1]),
+        ),
+        np.float64,
+    )
+    z = logits - logits.max(-1, keepdims=True)
+    p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    h = -(p * np.log(p)).sum(-1)
+    same = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] != 0)
+    return np.concatenate([np.zeros((len(ids), 1)), np.where(same, h, 0.0)], axis=1)
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "session-mean"])
+def test_entropy_bonus_is_subtracted_with_the_losss_aggregation(
+    model, variables, reference, batch, aggregation
+):
+    coeff, key = 0.05, jax.random.key(0)
+    plain = GRPOObjective(model, seq_len=W - 1, beta=0.1, aggregation=aggregation)
+    bonus = GRPOObjective(
+        model, seq_len=W - 1, beta=0.1, aggregation=aggregation, entropy_coeff=coeff
+    )
+    assert bonus.entropy_coeff == coeff and bonus.options()["entropy_coeff"] == coeff
+    lp, entropy = bonus.packed_log_probs_and_entropy(variables, batch)
+    np.testing.assert_array_equal(
+        np.asarray(lp), np.asarray(plain.packed_log_probs(variables, batch))
+    )
+    want_h = _numpy_entropy(model, variables, batch)
+    np.testing.assert_allclose(np.asarray(entropy), want_h, rtol=1e-5, atol=1e-6)
+    base_sum, base_weight, _ = plain.loss(variables, batch, key, reference)
+    loss_sum, weight, metrics = bonus.loss(variables, batch, key, reference)
+    keep = (np.asarray(batch["response_mask"]) > 0) & (np.asarray(batch["text_segment_ids"]) > 0)
+    if aggregation == "token-mean":  # verl token-mean: sum over kept tokens / their count
+        total = want_h[keep].sum()
+    else:  # one session per completion here: the sum of each session's token mean
+        sessions = np.asarray(batch["session_index"])
+        total = sum(want_h[keep & (sessions == s)].mean() for s in np.unique(sessions[keep]))
+    assert float(weight) == float(base_weight)
+    np.testing.assert_allclose(float(loss_sum), float(base_sum) - coeff * total, rtol=1e-5)
+    np.testing.assert_allclose(float(metrics["policy/entropy"]), total / float(weight), rtol=1e-5)
+
+    # the bonus reaches the gradient (its own value is pinned by the verl parity fixture)
+    def grad(objective):
+        return jax.jit(jax.grad(lambda v: objective.loss(v, batch, key, reference)[0]))(variables)
+
+    if aggregation == "token-mean":
+        moved = jax.tree.map(lambda a, b: jnp.max(jnp.abs(a - b)), grad(bonus), grad(plain))
+        assert max(float(d) for d in jax.tree.leaves(moved)) > 0
+
+
+def test_entropy_coefficient_zero_leaves_loss_and_gradient_bit_identical(
+    model, variables, reference, batch
+):
+    key = jax.random.key(0)
+
+    def run(objective):
+        def fn(v):
+            loss_sum, weight, metrics = objective.loss(v, batch, key, reference)
+            return loss_sum, (weight, metrics)
+
+        return jax.jit(jax.value_and_grad(fn, has_aux=True))(variables)
+
+    (today, (w0, m0)), g0 = run(GRPOObjective(model, seq_len=W - 1, beta=0.1))
+    (zero, (w1, m1)), g1 = run(GRPOObjective(model, seq_len=W - 1, beta=0.1, entropy_coeff=0.0))
+    assert float(today) == float(zero) and float(w0) == float(w1)
+    assert sorted(m0) == sorted(m1) and "policy/entropy" not in m1
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

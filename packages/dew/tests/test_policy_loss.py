@@ -45,9 +45,11 @@ CASES = [
     {"behavior_importance": (0.5, 2.0), "sequence_mask": (0.2, 5.0), "beta": 0.1},
     {"sequence_mask": (0.2, 5.0), "beta": 0.1, "dual_clip": None},
     {"beta": 0.1, "behavior_importance": (0.5, 2.0)},  # bypass band: fused, keep shrinks
+    {"beta": 0.1, "kl_estimator": "abs"},  # not k3: the fused pass does not apply
+    {"kl_estimator": "mse"},  # beta 0: no KL term, fused
 ]
 #: compute_policy_loss runs steps 3-4 as dew.rl.policy_loss for these: float rounding apart.
-FUSED = {0, 4, 5}
+FUSED = {0, 4, 5, 7}
 
 
 def _same(got: Any, want: Any, fused: bool) -> None:
@@ -132,3 +134,71 @@ def test_the_objective_keeps_one_checked_options_object() -> None:
     assert objective.options() == dataclasses.asdict(objective.loss_options)
     with pytest.raises(AttributeError):
         objective.beta = 0.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "aggregation",
+    ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"],
+)
+def test_an_aggregation_adds_up_over_microbatches(aggregation: str) -> None:
+    """(loss_sum, weight) of row halves summed: the whole batch's loss and gradient, as the
+    Trainer sums micro-batches (or devices) before dividing; no session is split here."""
+    log_probs, batch = _batch(3)
+    ref = log_probs - 0.2
+    entropy = jnp.abs(log_probs) * 0.5
+    factor = 16.0 if aggregation == "seq-mean-token-sum-norm" else None
+    opts = PolicyLossOptions(
+        aggregation=aggregation, beta=0.1, entropy_coeff=0.01, loss_scale_factor=factor
+    )
+
+    def loss_of(rows: slice):
+        def f(lp: jax.Array) -> tuple[jax.Array, jax.Array]:
+            part = {k: v[rows] for k, v in batch.items()}
+            loss_sum, weight, _ = compute_policy_loss(lp[rows], part, opts, ref[rows],
+                                                      entropy[rows])  # fmt: skip
+            return loss_sum, weight
+
+        return jax.value_and_grad(f, has_aux=True)(log_probs)
+
+    (whole_sum, whole_weight), whole_grad = loss_of(slice(None))
+    (s0, w0), g0 = loss_of(slice(0, 1))
+    (s1, w1), g1 = loss_of(slice(1, 2))
+    assert float(w0 + w1) == float(whole_weight) > 0
+    np.testing.assert_allclose(
+        float((s0 + s1) / (w0 + w1)), float(whole_sum / whole_weight), rtol=1e-6
+    )
+    np.testing.assert_allclose(np.asarray(g0 + g1), np.asarray(whole_grad), rtol=1e-6, atol=1e-8)
+
+
+def test_seq_mean_token_sum_norm_is_seq_mean_token_sum_over_its_factor() -> None:
+    log_probs, batch = _batch(4)
+    ref, entropy = log_probs - 0.2, jnp.abs(log_probs)
+    common = {"beta": 0.1, "entropy_coeff": 0.01}
+    plain = compute_policy_loss(
+        log_probs, batch, PolicyLossOptions(aggregation="seq-mean-token-sum", **common), ref,
+        entropy,
+    )  # fmt: skip
+    normed = compute_policy_loss(
+        log_probs, batch,
+        PolicyLossOptions(aggregation="seq-mean-token-sum-norm", loss_scale_factor=8, **common),
+        ref, entropy,
+    )  # fmt: skip
+    assert float(normed[1]) == float(plain[1])  # the same weight: the number of sessions
+    np.testing.assert_allclose(float(normed[0]), float(plain[0]) / 8, rtol=1e-6)
+    for name in ("policy/loss", "policy/entropy"):
+        np.testing.assert_allclose(float(normed[2][name]), float(plain[2][name]) / 8, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"aggregation": "seq-mean-token-sum-norm"}, "^loss_scale_factor: aggregation 'seq-mean"),
+        ({"aggregation": "seq-mean-token-sum-norm", "loss_scale_factor": 0}, "^loss_scale_f"),
+        ({"loss_scale_factor": 16}, "^loss_scale_factor: only aggregation 'seq-mean-token-sum-n"),
+        ({"entropy_coeff": float("inf")}, "^entropy_coeff: expected a finite number"),
+        ({"kl_estimator": "k2+"}, "^kl_estimator: expected one of"),
+    ],
+)
+def test_new_options_are_refused_naming_the_option(options: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PolicyLossOptions(**options)

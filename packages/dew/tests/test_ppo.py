@@ -199,6 +199,7 @@ def objective(case: str, **override: Any) -> PPOObjective:
         epsilon_high=options["epsilon_high"],
         dual_clip=options["dual_clip"],
         behavior_importance=options["behavior_importance"],
+        entropy_coeff=options.get("entropy_coeff", 0.0),
     )
 
 
@@ -710,3 +711,30 @@ def test_a_partial_reference_needs_a_frozen_one() -> None:
 
     with pytest.raises(ValueError, match="a partial reference needs ema_decay 1.0"):
         make_init(Moving(), optax.sgd(0.1))  # type: ignore[arg-type]
+
+
+def test_entropy_bonus_is_the_policys_token_mean_entropy(
+    composite_results: dict[str, Any],
+) -> None:
+    """``entropy_coeff`` subtracts that times the policy's token-mean entropy (verl's
+    ``pg_loss - entropy_coeff * agg_loss(entropy)``), the critic untouched."""
+    batch, plain, _ = composite_results["ppo"]
+    coeff = 0.05
+    obj = objective("ppo", entropy_coeff=coeff)
+    loss, grads = normalised_loss(obj, variables(), batch, variables("reference_table"))
+    log_probs, entropy = obj.packed_log_probs_and_entropy(variables(), batch)
+    np.testing.assert_array_equal(
+        np.asarray(log_probs), np.asarray(obj.packed_log_probs(variables(), batch))
+    )
+    mask = (np.asarray(batch["response_mask"]) > 0) & (np.asarray(batch["text_segment_ids"]) > 0)
+    want = plain - coeff * float(np.asarray(entropy, np.float64)[mask].mean())
+    assert float(loss) == pytest.approx(want, rel=1e-5)
+    # the critic's gradient does not see the bonus
+    _, plain_grads = normalised_loss(
+        objective("ppo"), variables(), batch, variables("reference_table")
+    )
+    np.testing.assert_allclose(
+        np.asarray(grads["params"]["critic"]["value"]["kernel"]),
+        np.asarray(plain_grads["params"]["critic"]["value"]["kernel"]),
+        rtol=1e-6,
+    )

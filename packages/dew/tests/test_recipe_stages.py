@@ -23,7 +23,8 @@ SHARED = {"beta": 0.05, "groups": 3, "max_new_tokens": 5, "temperature": 0.7, "e
           "estimator": "rloo", "policy_loss": "gspo", "aggregation": "session-mean",
           "epsilon_low": 0.1, "epsilon_high": 0.3, "dual_clip": None,
           "behavior_importance": [0.5, 2.0], "sequence_mask": [0.25, 4.0],
-          "geometric_mask": [0.8, 1.25]}  # fmt: skip
+          "geometric_mask": [0.8, 1.25], "kl_estimator": "abs",
+          "entropy_coeff": 0.01}  # fmt: skip
 
 
 def low(data_source, completion, ground_truth, extra_info):
@@ -108,13 +109,47 @@ def test_every_loss_key_reaches_the_objective():
     import dew.models
 
     model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
-    options = {"policy_loss": "cispo", "aggregation": "session-mean", "epsilon_low": 0.15,
+    options = {"policy_loss": "cispo", "aggregation": "seq-mean-token-sum-norm",
+               "loss_scale_factor": 16.0, "epsilon_low": 0.15,
                "epsilon_high": 0.25, "dual_clip": 4.0, "behavior_importance": 2.0,
-               "sequence_mask": (0.5, 2.0), "geometric_mask": (0.9, 1.1)}  # fmt: skip
+               "sequence_mask": (0.5, 2.0), "geometric_mask": (0.9, 1.1),
+               "kl_estimator": "mse", "entropy_coeff": 0.02}  # fmt: skip
     assert set(options) == set(LOSS_KEYS)
     objective, _ = build_stage("grpo", model, 8, options, reward=low)
     assert {k: getattr(objective.loss_options, k) for k in LOSS_KEYS} == options
     assert GRPOLoss(**options).loss_options() == options
+
+
+def test_kl_estimator_and_entropy_coeff_are_config_keys_of_grpo_and_ppo(prompts, capsys):
+    objective, _ = train_objective(prompts, "objective.kl_estimator=k1")
+    assert objective.kl_estimator == "k1"
+    assert train_objective(prompts)[0].kl_estimator == "low_var_kl"  # today's k3
+    status = main(train_argv(prompts, "objective.kl_estimator=k3+"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1, err
+    assert re.search(r"objective\.kl_estimator: expected one of kl, k1, abs, mse, k2, "
+                     r"low_var_kl, k3 .*got 'k3\+'", err[0]), err[0]  # fmt: skip
+    with pytest.raises(ConfigError, match=r"stages\.0\.kl_estimator: expected one of"):
+        chain_objective(prompts, {"kl_estimator": "full"})
+    import dew.models
+
+    model = dew.models.build("qwen3", **{k: v for k, v in MODEL.items() if k != "name"})
+    ppo, _ = build_stage("ppo", model, 8, {"kl_estimator": "abs", "entropy_coeff": 0.01},
+                         reward=low)  # fmt: skip
+    assert ppo.kl_estimator == "abs" and ppo.options()["kl_estimator"] == "abs"
+    assert ppo.entropy_coeff == 0.01 and ppo.options()["entropy_coeff"] == 0.01
+    assert train_objective(prompts, "objective.entropy_coeff=0.001")[0].entropy_coeff == 0.001
+    normed, _ = train_objective(prompts, "objective.aggregation=seq-mean-token-sum-norm",
+                                "objective.loss_scale_factor=16")  # fmt: skip
+    assert (normed.aggregation, normed.loss_scale_factor) == ("seq-mean-token-sum-norm", 16.0)
+    status = main(train_argv(prompts, "objective.aggregation=seq-mean-token-sum-norm"))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert status == 2 and len(err) == 1, err
+    assert "objective.loss_scale_factor: aggregation 'seq-mean-token-sum-norm' needs" in err[0]
+    with pytest.raises(ConfigError, match=r"objective\.entropy_coeff: expected a finite number"):
+        build_stage("ppo", model, 8, {"entropy_coeff": float("inf")}, reward=low)
+    with pytest.raises(ConfigError, match=r"objective\.kl_estimator: expected one of"):
+        build_stage("ppo", None, 8, {"kl_estimator": "l2"}, reward=low)
 
 
 def test_unknown_option_keys_are_refused_by_name(prompts, capsys):

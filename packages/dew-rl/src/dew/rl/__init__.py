@@ -22,7 +22,9 @@ Signatures of the functions beyond the core GRPO/PPO/DPO set::
                 epsilon_low=0.2, epsilon_high=0.2, dual_clip=3.0, kl_coef=0.0)
                 -> (scalar, metrics)                             # token-mean GRPO/PPO loss
     k1_kl(log_probs, ref_log_probs) -> [B, T]
+    abs_kl(log_probs, ref_log_probs) -> [B, T]
     k2_kl(log_probs, ref_log_probs) -> [B, T]
+    kl_penalty(log_probs, ref_log_probs, estimator="low_var_kl") -> [B, T]  # by verl's name
     token_entropy(logits) -> logits.shape[:-1]
     icepop_weights(old_log_probs, behavior_log_probs, mask, low, high) -> [B, T]
     token_rejection_mask(old_log_probs, behavior_log_probs, mask, low, high) -> [B, T]
@@ -49,7 +51,7 @@ here; import them from ``dew.rl``, never from the modules::
     _clipped_surrogate  clipped_surrogate, clipped_surrogate_terms
     _cispo        cispo_terms
     _value_loss   clipped_value_loss_terms
-    _kl           k1_kl, k2_kl, k3_kl
+    _kl           k1_kl, abs_kl, k2_kl, k3_kl, kl_penalty, KL_ESTIMATORS
     _policy_loss  policy_loss (the token-mean surrogate + k3 KL above, fused with its
                   gradient: GRPO/PPO's actor loss at one pass over [B, T], from the
                   same _token_terms pieces)
@@ -85,7 +87,7 @@ from dew.rl._corrections import (
 from dew.rl._entropy import token_entropy
 from dew.rl._gae import gae, masked_whiten
 from dew.rl._group import GROUP_EPS, group_advantage, ragged_group_advantage, rloo_advantage
-from dew.rl._kl import k1_kl, k2_kl, k3_kl
+from dew.rl._kl import KL_ESTIMATORS, abs_kl, k1_kl, k2_kl, k3_kl, kl_penalty
 from dew.rl._policy_loss import policy_loss
 from dew.rl._preference import preference_logsigmoid
 from dew.rl._ratios import sequence_log_ratio, token_log_ratio
@@ -111,6 +113,8 @@ from dew.rl._value_loss import clipped_value_loss_terms
 
 __all__ = [
     "GROUP_EPS",
+    "KL_ESTIMATORS",
+    "abs_kl",
     "behavior_importance_weights",
     "cispo_terms",
     "clipped_surrogate",
@@ -126,6 +130,7 @@ __all__ = [
     "k1_kl",
     "k2_kl",
     "k3_kl",
+    "kl_penalty",
     "masked_mean",
     "masked_whiten",
     "policy_loss",

@@ -23,7 +23,17 @@ Aggregations, ``aggregation(x [B, T], mask, group_ids) -> (total, weight)``, the
 - ``"token-mean"``: the kept sum over the kept count (verl ``agg_loss`` ``"token-mean"``);
 - ``"session-mean"``: the sum of each group's mean (its kept sum over its kept count +
   1e-8, verl's ``"seq-mean-token-mean"`` with groups by id for sequences, see
-  :func:`group_sums`) over the number of groups holding a kept position.
+  :func:`group_sums`) over the number of groups holding a kept position;
+- ``"seq-mean-token-mean"``: the same function under verl's name (a sequence is a group);
+- ``"seq-mean-token-sum"``: the kept sum over the number of groups holding a kept position
+  (each group's token sum, averaged over groups; verl ``"seq-mean-token-sum"``).
+
+Weights, and so micro-batches and devices: ``"token-mean"``'s weight is the kept token
+count and the group modes' the number of groups with a kept position, both additive, so
+summing ``(total, weight)`` over micro-batches or devices gives the whole batch's loss as
+long as no group is split between them (a split group counts once in each part: its
+``"session-mean"`` mean becomes two means, its ``"seq-mean-token-sum"`` sum stays whole
+but its count doubles).
 """
 
 from __future__ import annotations
@@ -156,4 +166,24 @@ def session_mean_total(
     return jnp.sum(jnp.where(present, means, 0.0)), jnp.sum(present).astype(x.dtype)
 
 
-AGGREGATIONS = {"token-mean": token_mean_total, "session-mean": session_mean_total}
+def session_sum_total(
+    x: jax.Array, mask: jax.Array, group_ids: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """``(kept sum, number of groups with a kept position)`` in ``x``'s dtype: the mean over
+    groups of each group's token sum. ``group_ids`` is required."""
+    if group_ids is None:
+        raise ValueError(
+            "group_ids: expected [B, T] integer ids of the sequences to sum over "
+            "(the GRPO objective passes the batch's session_index), got None"
+        )
+    sums, counts = group_sums(x, mask, group_ids)
+    present = counts > 0
+    return jnp.sum(jnp.where(present, sums, 0.0)), jnp.sum(present).astype(x.dtype)
+
+
+AGGREGATIONS = {
+    "token-mean": token_mean_total,
+    "session-mean": session_mean_total,
+    "seq-mean-token-mean": session_mean_total,
+    "seq-mean-token-sum": session_sum_total,
+}

@@ -285,7 +285,11 @@ def get_aggregation(name: str) -> Callable[..., Any]:
 
     Built-ins: ``"token-mean"`` (the kept sum over the kept count, verl ``"token-mean"``)
     and ``"session-mean"`` (the sum of each group's mean over the number of groups, each
-    mean its kept sum over its kept count + 1e-8, groups by id as in :func:`group_sums`).
+    mean its kept sum over its kept count + 1e-8, groups by id as in :func:`group_sums`),
+    also registered as verl's ``"seq-mean-token-mean"``; ``"seq-mean-token-sum"`` (the kept
+    sum over the number of groups with a kept position: the mean of the groups' token sums).
+    The weight is the kept token count (token mean) or the number of groups holding a kept
+    position (the others); both add up over micro-batches that do not split a group.
 
     Args:
       name: a registered name.
@@ -304,6 +308,9 @@ def get_aggregation(name: str) -> Callable[..., Any]:
       >>> total, weight = rl.get_aggregation("session-mean")(x, mask, jnp.array([[0, 0, 1]]))
       >>> print(f"{total:.4f} {weight}")  # 2 + 6 over two sessions
       8.0000 2.0
+      >>> total, weight = rl.get_aggregation("seq-mean-token-sum")(x, mask, jnp.array([[0, 0, 1]]))
+      >>> print(f"{total:.4f} {weight}")  # (1 + 3) + 6 over two sequences
+      10.0000 2.0
 
     References:
       verl 0.9.1, ``verl/trainer/ppo/core_algos.py``, ``agg_loss``.

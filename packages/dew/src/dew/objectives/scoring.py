@@ -8,7 +8,8 @@
   one packed chain (document) and are not padding (segment 0).
 - ``positions_from_segments(segment_ids [B, T]) -> [B, T]``: positions restarting at 0 where
   the segment id changes.
-- ``packed_log_probs``: one forward over packed rows, each id scored given its own chain.
+- ``packed_log_probs``: one forward over packed rows, each id scored given its own chain;
+  ``packed_log_probs_and_entropy`` also returns each prediction's entropy from that forward.
 - ``nll_sums``: summed NLL, correct targets and their count over a mask, for ``evaluate``.
 - ``summarize_nll``: token loss, perplexity (and accuracy) from summed evaluation totals.
 
@@ -24,6 +25,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from dew.rl import token_entropy
 
 PERPLEXITY_CAP = 700.0  # exp(700) is near the float64 limit; a larger mean loss reports exp(700)
 
@@ -124,6 +127,36 @@ def positions_from_segments(segment_ids: jax.Array) -> jax.Array:
     return idx - first
 
 
+def _packed_logits(
+    model: Any,
+    variables: Mapping[str, Any],
+    batch: Mapping[str, jax.Array],
+    temperature: float | None,
+) -> jax.Array:
+    """``[B, W - 1, V]`` float32 logits of packed rows, divided by ``temperature`` if given."""
+    ids = jnp.asarray(batch["input_ids"])
+    segments = jnp.asarray(batch["text_segment_ids"])
+    positions = jnp.asarray(batch["text_positions"])
+    logits = model.apply(
+        variables, ids[:, :-1], segment_ids=segments[:, :-1], positions=positions[:, :-1]
+    )
+    logits = logits.astype(jnp.float32)
+    if temperature is not None:
+        logits = logits / jnp.asarray(temperature, logits.dtype)
+    return logits
+
+
+def _scored(logits: jax.Array, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """``[B, W]`` log-probs of each id from ``_packed_logits`` (0 at chain starts, padding)."""
+    ids = jnp.asarray(batch["input_ids"])
+    segments = jnp.asarray(batch["text_segment_ids"])
+    scored = target_log_probs(
+        logits, ids[:, 1:], batch.get("support_ids"), batch.get("support_columns")
+    )
+    scored = jnp.where(same_chain(segments), scored, 0.0)
+    return jnp.concatenate([jnp.zeros_like(scored[:, :1]), scored], axis=1)
+
+
 def packed_log_probs(
     model: Any,
     variables: Mapping[str, Any],
@@ -139,20 +172,28 @@ def packed_log_probs(
     applies); ``support_ids``/``support_columns`` in the batch renormalise the sampled columns
     over their kept ids.
     """
-    ids = jnp.asarray(batch["input_ids"])
+    return _scored(_packed_logits(model, variables, batch, temperature), batch)
+
+
+def packed_log_probs_and_entropy(
+    model: Any,
+    variables: Mapping[str, Any],
+    batch: Mapping[str, jax.Array],
+    temperature: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """``packed_log_probs`` and, from the same forward, ``[B, W]`` next-token entropies.
+
+    Column ``t`` of the entropy is ``dew.rl.token_entropy`` of the distribution that predicted
+    ``input_ids[:, t]`` (the logits at column ``t - 1``, divided by ``temperature``), over the
+    whole vocabulary as verl 0.9.1's ``entropy_from_logits`` takes it (a batch's sampling
+    support renormalises the log-probs, not the entropy); 0 where the log-prob is 0 (chain
+    starts, padding, column 0). float32.
+    """
+    logits = _packed_logits(model, variables, batch, temperature)
     segments = jnp.asarray(batch["text_segment_ids"])
-    positions = jnp.asarray(batch["text_positions"])
-    logits = model.apply(
-        variables, ids[:, :-1], segment_ids=segments[:, :-1], positions=positions[:, :-1]
-    )
-    logits = logits.astype(jnp.float32)
-    if temperature is not None:
-        logits = logits / jnp.asarray(temperature, logits.dtype)
-    scored = target_log_probs(
-        logits, ids[:, 1:], batch.get("support_ids"), batch.get("support_columns")
-    )
-    scored = jnp.where(same_chain(segments), scored, 0.0)
-    return jnp.concatenate([jnp.zeros_like(scored[:, :1]), scored], axis=1)
+    entropy = jnp.where(same_chain(segments), token_entropy(logits), 0.0)
+    entropy = jnp.concatenate([jnp.zeros_like(entropy[:, :1]), entropy], axis=1)
+    return _scored(logits, batch), entropy
 
 
 def summarize_nll(totals: Mapping[str, float], *, accuracy: bool) -> dict[str, float]:
@@ -180,6 +221,7 @@ __all__ = [
     "PERPLEXITY_CAP",
     "nll_sums",
     "packed_log_probs",
+    "packed_log_probs_and_entropy",
     "positions_from_segments",
     "same_chain",
     "summarize_nll",

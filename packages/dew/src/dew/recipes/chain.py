@@ -84,10 +84,12 @@ class Stage(GRPOLoss):
         (``dew.recipes.ppo_stage``); None keeps PPO's default. A PPO stage samples
         ``groups`` completions per prompt (the default 4 applies here too), uses
         ``max_new_tokens``, ``sample``, ``temperature``, ``eos_id``, ``decode``, ``beta``,
-        ``epsilon_low``, ``epsilon_high``, ``dual_clip`` and ``behavior_importance``, and
+        ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
+        ``kl_estimator`` and ``entropy_coeff``, and
         refuses GRPO's other loss keys.
       source: a ``dew.recipes.source_config.SourceConfig`` of kind ``environment``: GRPO
-        (or PPO, with ``kind="ppo"``) on tool episodes (``data`` and ``reward`` None, ``eos_id`` required); None: the data.
+        (or PPO, with ``kind="ppo"``) on tool episodes (``data`` and ``reward`` None,
+        ``eos_id`` required); None: the data.
 
     GRPO's loss options (``dew.recipes.stages.GRPOLoss``, as ``dew train grpo``'s
     ``objective`` section) are keyword-only fields too.

@@ -17,7 +17,10 @@ checkpoint holds the critic and its optimizer state, and a resumed run continues
 Options (defaults are ``PPOObjective``'s and ``PPORollout``'s):
 
 ====================  ==================================================================
-``beta``              k3 KL coefficient to the starting policy (0)
+``beta``              KL coefficient to the starting policy (0)
+``kl_estimator``      the KL estimate by verl's name (``low_var_kl``, k3; or ``kl``/``k1``,
+                      ``abs``, ``mse``/``k2``)
+``entropy_coeff``     the policy's entropy bonus, verl's ``entropy_coeff`` (0: none)
 ``groups``            completions per prompt (1)
 ``max_new_tokens``    response budget R (16)
 ``temperature``       sampling temperature; the loss scores at the same one (1)
@@ -62,6 +65,8 @@ class PPOOptions:
     epsilon_high: float = 0.2
     dual_clip: float | None = 3.0
     behavior_importance: float | tuple[float, float] | None = None
+    kl_estimator: str = "low_var_kl"
+    entropy_coeff: float = 0.0
     critic_from_policy: bool = True
 
     def check(self, label: Callable[[str], str]) -> None:
@@ -91,7 +96,8 @@ class PPOOptions:
             raise ConfigError(f"{label(key)}: {rest}") from None
 
 
-LOSS_KEYS = ("epsilon_low", "epsilon_high", "dual_clip", "behavior_importance")
+LOSS_KEYS = ("epsilon_low", "epsilon_high", "dual_clip", "behavior_importance", "kl_estimator",
+             "entropy_coeff")  # fmt: skip
 PPO_KEYS = tuple(f.name for f in dataclasses.fields(PPOOptions))
 
 

@@ -11,7 +11,7 @@ grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
            ``rloo``) and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
            ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
-           ``sequence_mask``, ``geometric_mask``)
+           ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``, ``loss_scale_factor``)
 ppo        ``dew.recipes.ppo_stage.PPO_KEYS``: GRPO's rollout keys (``groups`` defaults to
            1), ``gamma``, ``lam``, ``value_coefficient``, ``value_clip``, the clip keys
            and ``critic_from_policy`` (see ``dew.recipes.ppo_stage``)
@@ -51,8 +51,9 @@ class GRPOLoss:
     Attributes:
       policy_loss: a name registered with ``dew.rl.register_policy_loss``: built in,
         ``"ppo"`` (dual-clipped token surrogate), ``"gspo"`` or ``"cispo"``.
-      aggregation: a name registered with ``dew.rl.register_aggregation``: built in,
-        ``"token-mean"`` or ``"session-mean"``.
+      aggregation: ``"seq-mean-token-sum-norm"`` or a name registered with
+        ``dew.rl.register_aggregation``: built in, ``"token-mean"``, ``"session-mean"``,
+        ``"seq-mean-token-mean"`` (the same) or ``"seq-mean-token-sum"``.
       epsilon_low, epsilon_high: the PPO clip range ``[1 - low, 1 + high]``.
       dual_clip: verl's ``clip_ratio_c`` (> 1); None disables it.
       behavior_importance: the behavior-policy correction: a TIS cap ``c`` (token weights
@@ -60,6 +61,12 @@ class GRPOLoss:
         None: no correction.
       sequence_mask, geometric_mask: ``(low, high)`` bands on a session's summed or
         geometric-mean ratio; sessions outside are masked. None: no mask.
+      kl_estimator: the KL estimate of the ``beta`` term by verl's name: ``"low_var_kl"``
+        (or ``"k3"``, the default), ``"kl"``/``"k1"``, ``"abs"``, ``"mse"``/``"k2"``.
+      entropy_coeff: verl's entropy bonus: the loss loses this times the aggregated token
+        entropy of the policy (0: none).
+      loss_scale_factor: the constant divisor ``"seq-mean-token-sum-norm"`` requires (and
+        the other aggregations refuse), verl's ``loss_scale_factor``.
     """
 
     policy_loss: str = "ppo"
@@ -70,6 +77,9 @@ class GRPOLoss:
     behavior_importance: float | tuple[float, float] | None = None
     sequence_mask: tuple[float, float] | None = None
     geometric_mask: tuple[float, float] | None = None
+    kl_estimator: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    loss_scale_factor: float | None = None
 
     def loss_options(self) -> dict[str, Any]:
         """The loss keys and their values, as ``GRPOObjective`` takes them."""

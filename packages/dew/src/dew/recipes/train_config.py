@@ -197,7 +197,9 @@ class GRPOObjectiveConfig(GRPOLoss):
     keyword arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
     the advantage estimator (``group``, ``mean`` or ``rloo``); the loss keys (``policy_loss``,
     ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
-    ``sequence_mask``, ``geometric_mask``) are ``dew.recipes.stages.GRPOLoss``'s."""
+    ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``,
+    ``loss_scale_factor``) are
+    ``dew.recipes.stages.GRPOLoss``'s."""
 
     reward: str = "math"
     reward_args: Any = None

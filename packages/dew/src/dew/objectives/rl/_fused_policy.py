@@ -27,13 +27,20 @@ Metrics = dict[str, jax.Array]
 
 
 def fused_applies(options: PolicyLossOptions, weights: jax.Array | None) -> bool:
-    """True when ``dew.rl.policy_loss`` computes this loss: PPO, token mean, no weights.
+    """True when ``dew.rl.policy_loss`` computes this loss: PPO, token mean, no weights, and
+    the k3 KL (``kl_estimator`` ``"low_var_kl"``/``"k3"``, or ``beta == 0``: no KL term).
 
     The one place that compares loss names: ``"ppo"`` and ``"token-mean"`` are built-in
     registry entries, which no registration can replace, so the names pin the functions the
     fused loss stands in for.
     """
-    return options.policy_loss == "ppo" and options.aggregation == "token-mean" and weights is None
+    k3 = options.beta == 0 or options.kl_estimator in ("low_var_kl", "k3")
+    return (
+        options.policy_loss == "ppo"
+        and options.aggregation == "token-mean"
+        and weights is None
+        and k3
+    )
 
 
 def fused_token_mean(

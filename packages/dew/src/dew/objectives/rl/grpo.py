@@ -13,13 +13,19 @@ aggregations) is composed in ``dew.objectives.rl.policy_loss``.
 per-token losses over kept tokens and their count (verl ``token-mean``); for
 ``"session-mean"`` the sum over sessions of each session's token mean and the number of
 sessions with a kept token (verl ``seq-mean-token-mean`` when a session is one chain; with
-several chains a session still counts once, Agent Lightning's per-rollout mean). With
-``Trainer(microbatches=k)`` the sums add up across microbatches; a session whose chains land
-in two microbatches then counts once in each.
+several chains a session still counts once, Agent Lightning's per-rollout mean), also
+spelled ``"seq-mean-token-mean"``; for ``"seq-mean-token-sum"`` the sum of every kept
+token's loss (each session's token sum, summed) and the number of sessions with a kept
+token (verl ``seq-mean-token-sum``), divided by ``loss_scale_factor`` for
+``"seq-mean-token-sum-norm"``. With ``Trainer(microbatches=k)`` or several devices
+the sums add up across the parts; a session whose chains land in two parts then counts
+once in each.
 
 Metrics (scalars, no gradient): ``policy/loss``, ``policy/clip_fraction`` and
 ``policy/clip_fraction_lower`` (verl ``pg_clipfrac``/``pg_clipfrac_lower``), ``policy/ppo_kl``,
-``policy/advantage``, ``kl/reference`` (token mean of k3, when ``beta > 0``), ``tokens``;
+``policy/advantage``, ``policy/entropy`` (the aggregated token entropy, when
+``entropy_coeff != 0``), ``kl/reference`` (token mean of the ``kl_estimator``, k3 by default,
+when ``beta > 0``), ``tokens``;
 with behavior likelihoods ``mismatch/kl``, ``mismatch/k3_kl``, ``mismatch/ess``; each active
 mask's share of trainable tokens removed (``mask/behavior_band``, ``mask/sequence``,
 ``mask/geometric``) and ``mask/kept_share``; ``reward/mean`` when the batch has ``rewards``.
@@ -43,6 +49,7 @@ from dew.objectives.rl.policy_loss import (
 )
 from dew.objectives.scoring import (
     packed_log_probs,
+    packed_log_probs_and_entropy,
     positions_from_segments,
     summarize_nll,
     target_log_probs,
@@ -62,7 +69,7 @@ class GRPOObjective:
     Args:
       model: a ``dew.models`` decoder (``apply(variables, ids, segment_ids=, positions=)``).
       seq_len: predicted positions per row; batches are ``[B, seq_len + 1]``.
-      beta: coefficient of the k3 KL to the frozen reference; ``> 0`` keeps the starting
+      beta: coefficient of the KL to the frozen reference; ``> 0`` keeps the starting
         policy in ``TrainState.ema`` (``ema_decay`` is then fixed at 1.0), 0 keeps none.
       pretrained: full variables mapping (``{"params": ...}``) the policy starts from.
       epsilon_low, epsilon_high: PPO clip range ``[1 - low, 1 + high]``.
@@ -72,13 +79,24 @@ class GRPOObjective:
         ``"gspo"`` (sequence ratio pooled per chain, ``compute_policy_loss_gspo``),
         ``"cispo"`` (``-sg(clip(r)) * A * log pi``, ``compute_policy_loss_cispo``), or a
         name registered with ``dew.rl.register_policy_loss``.
-      aggregation: ``"token-mean"``, ``"session-mean"`` or a name registered with
-        ``dew.rl.register_aggregation``.
+      aggregation: ``"token-mean"``, ``"session-mean"`` (alias ``"seq-mean-token-mean"``),
+        ``"seq-mean-token-sum"``, ``"seq-mean-token-sum-norm"`` (the previous one divided by
+        ``loss_scale_factor``) or a name registered with ``dew.rl.register_aggregation``.
+      loss_scale_factor: verl's constant normaliser of ``"seq-mean-token-sum-norm"`` (a
+        positive number such as the response budget); required by that mode, refused by
+        the others.
       behavior_importance: None; a cap ``c`` (token TIS weight ``min(pi_old / mu, c)``); or
         ``(low, high)`` (IcePop: weight zero outside the band; in bypass mode the band masks).
       sequence_mask: ``(low, high)``: drop a chain whose summed k1 ``log(mu / pi_old)``
         leaves ``[log low, log high]`` (verl ``seq_sum_k1``).
       geometric_mask: the same with the chain's mean k1 (verl ``seq_mean_k1``).
+      kl_estimator: the per-token KL estimate the ``beta`` term averages, by verl's name
+        (``dew.rl.kl_penalty``): ``"low_var_kl"``/``"k3"`` (default, clamped k3),
+        ``"kl"``/``"k1"``, ``"abs"`` or ``"mse"``/``"k2"``; anything else is refused.
+      entropy_coeff: verl's ``entropy_coeff``: the loss loses this times the token entropy of
+        the policy's (temperature-scaled) next-token distributions, aggregated like the loss
+        over the same tokens, from the same forward as the log-probs. 0 (default) computes
+        no entropy and leaves the loss as it was.
       sampling_temperature: score ids at this temperature (and over ``support_ids`` when the
         batch has them), matching what the sampler drew from.
       ema_decay: refused unless it equals the fixed value above.
@@ -103,6 +121,9 @@ class GRPOObjective:
         geometric_mask: tuple[float, float] | None = None,
         sampling_temperature: float | None = None,
         ema_decay: Any = _UNSET,
+        kl_estimator: str = "low_var_kl",
+        entropy_coeff: float = 0.0,
+        loss_scale_factor: float | None = None,
     ) -> None:
         if not is_int(seq_len) or seq_len < 1:
             raise ValueError(f"seq_len: expected a positive integer, got {seq_len!r}")
@@ -118,6 +139,9 @@ class GRPOObjective:
             behavior_importance=behavior_importance,
             sequence_mask=sequence_mask,
             geometric_mask=geometric_mask,
+            kl_estimator=kl_estimator,
+            entropy_coeff=entropy_coeff,
+            loss_scale_factor=loss_scale_factor,
         )
         if sampling_temperature is not None and not float(sampling_temperature) > 0.0:
             raise ValueError(
@@ -148,6 +172,9 @@ class GRPOObjective:
     behavior_importance = _option("behavior_importance")
     sequence_mask = _option("sequence_mask")
     geometric_mask = _option("geometric_mask")
+    kl_estimator = _option("kl_estimator")
+    entropy_coeff = _option("entropy_coeff")
+    loss_scale_factor = _option("loss_scale_factor")
 
     @property
     def ema_decay(self) -> float | None:
@@ -170,6 +197,14 @@ class GRPOObjective:
         self._check_width(batch)
         return packed_log_probs(self.model, variables, batch, self.sampling_temperature)
 
+    def packed_log_probs_and_entropy(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """``[B, W]`` log-probs and next-token entropies from one forward
+        (see :func:`packed_log_probs_and_entropy`)."""
+        self._check_width(batch)
+        return packed_log_probs_and_entropy(self.model, variables, batch, self.sampling_temperature)
+
     def _check_width(self, batch: Mapping[str, jax.Array]) -> None:
         shape = tuple(jnp.shape(batch["input_ids"]))
         if len(shape) != 2 or shape[1] != self.width:
@@ -191,7 +226,12 @@ class GRPOObjective:
         """``(loss_sum, weight, metrics)`` for one packed (micro)batch."""
         del key
         loss_sum, weight, metrics = scored_policy_loss(
-            self.packed_log_probs, variables, batch, self.loss_options, reference
+            self.packed_log_probs,
+            variables,
+            batch,
+            self.loss_options,
+            reference,
+            score_entropy=self.packed_log_probs_and_entropy,
         )
         if "rewards" in batch:  # SampledRollout's per-completion rewards, for the log
             metrics = {**metrics, "reward/mean": jnp.mean(jnp.asarray(batch["rewards"]))}

@@ -9,11 +9,12 @@ batch (``[B, W]`` columns as ``dew.sessions.pack`` writes them):
    may weight tokens (TIS cap, IcePop band) and reports the mismatch metrics.
 3. ``surrogate``: the per-token policy terms of the loss ``options.policy_loss`` names in
    ``dew.rl``'s registry (``"ppo"``, ``"gspo"``, ``"cispo"`` or one registered with
-   ``dew.rl.register_policy_loss``), then the k3 KL to the reference when ``beta > 0``.
+   ``dew.rl.register_policy_loss``), then the KL to the reference when ``beta > 0``, by the
+   estimator ``options.kl_estimator`` names (``dew.rl.kl_penalty``; k3 by default).
 4. ``aggregate``: the registered aggregation ``options.aggregation`` names (``"token-mean"``,
    ``"session-mean"``, ...) into ``(loss_sum, weight)``.
 
-For ``"ppo"`` with ``"token-mean"`` and no token weights, steps 3 and 4 are one call of
+For ``"ppo"`` with ``"token-mean"``, no token weights and the k3 KL (or none), steps 3 and 4 are one call of
 ``dew.rl.policy_loss`` (``_fused_policy``): the same loss, metrics and gradient to float
 rounding, from one elementwise pass that also yields the gradient.
 
@@ -51,19 +52,22 @@ import jax
 import jax.numpy as jnp
 
 from dew.objectives.rl._fused_policy import fused_applies, fused_token_mean
+from dew.objectives.rl._mismatch import mismatch_metrics
 from dew.objectives.rl.policy_options import PolicyLossOptions
 from dew.rl import (
     behavior_importance_weights,
     get_aggregation,
     get_policy_loss,
     icepop_weights,
-    k3_kl,
+    kl_penalty,
     masked_mean,
     sequence_rejection_mask,
     token_rejection_mask,
 )
 
 Metrics = dict[str, jax.Array]
+#: The metrics verl's loss_scale_factor divides along with the loss (its agg_loss results).
+_SCALED = ("policy/loss", "policy/entropy")
 
 
 class Inputs(NamedTuple):
@@ -207,7 +211,8 @@ def surrogate(
             raise ValueError("ref_log_probs: beta > 0 needs the reference's log-probs, got None")
         dtype = log_probs.dtype
         safe_ref = jnp.where(keep, ref_log_probs.astype(dtype), 0.0)
-        kl = jnp.where(keep, k3_kl(jnp.where(keep, log_probs, 0.0), safe_ref), 0.0)
+        safe = jnp.where(keep, log_probs, 0.0)
+        kl = jnp.where(keep, kl_penalty(safe, safe_ref, options.kl_estimator), 0.0)
         metrics["kl/reference"] = masked_mean(kl, keep)
         per_token = per_token + jnp.asarray(options.beta, dtype) * kl
     return terms, per_token, metrics
@@ -227,7 +232,7 @@ def aggregate(
     with the batch's ``session_index`` as its group ids when the batch has it (the
     ``"session-mean"`` sessions); ``policy/loss`` is its ``total / weight`` of the policy terms.
     """
-    aggregation = get_aggregation(options.aggregation)
+    aggregation = get_aggregation(options.registry_aggregation)
     sessions = None
     if "session_index" in batch:
         sessions = _field(batch, "session_index", per_token).astype(jnp.int32)
@@ -238,28 +243,72 @@ def aggregate(
     return loss_sum, weight, metrics
 
 
+def entropy_bonus(
+    entropy: jax.Array | None,
+    keep: jax.Array,
+    batch: Mapping[str, jax.Array],
+    options: PolicyLossOptions,
+    dtype: Any,
+) -> tuple[jax.Array, Metrics]:
+    """``(entropy_coeff * total, {"policy/entropy"})``: the amount the loss sum loses.
+
+    ``total`` is the registered aggregation's total of ``entropy`` ``[B, W]`` over ``keep``
+    (the batch's ``session_index`` as its groups, as in ``aggregate``). Its weight is the
+    loss's own weight (the same mask and groups give the same weight), so ``loss_sum -
+    entropy_coeff * total`` over that weight is verl's ``pg_loss - entropy_coeff *
+    agg_loss(entropy)``, and it adds up over microbatches like the rest of the loss.
+    ``policy/entropy`` is ``total / weight`` (verl's ``actor/entropy_loss``).
+    """
+    if entropy is None:
+        raise ValueError("entropy: entropy_coeff != 0 needs the [B, W] token entropies, got None")
+    entropy = _field({"entropy": entropy}, "entropy", keep).astype(dtype)
+    sessions = None
+    if "session_index" in batch:
+        sessions = _field(batch, "session_index", keep).astype(jnp.int32)
+    zero = jnp.zeros((), dtype)
+    total, weight = get_aggregation(options.registry_aggregation)(
+        jnp.where(keep, entropy, zero), keep, sessions
+    )
+    metrics = {"policy/entropy": total / jnp.maximum(weight, 1)}
+    return jnp.asarray(options.entropy_coeff, dtype) * total, metrics
+
+
 def compute_policy_loss(
     log_probs: jax.Array,
     batch: Mapping[str, jax.Array],
     options: PolicyLossOptions,
     ref_log_probs: jax.Array | None = None,
+    entropy: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
-    """``(loss_sum, weight, metrics)`` of the policy loss; the four steps in order."""
+    """``(loss_sum, weight, metrics)`` of the policy loss; the four steps in order.
+
+    With ``options.entropy_coeff != 0`` the loss sum also loses ``entropy_coeff`` times the
+    aggregated ``entropy`` (``[B, W]``, aligned with ``log_probs``; see ``entropy_bonus``);
+    with 0 (the default) ``entropy`` is not read and the loss is unchanged.
+    """
     inputs = read_inputs(log_probs, batch, options)
     keep, weights, metrics = correct(inputs, options)
     if fused_applies(options, weights):  # steps 3-4 in one pass: dew.rl.policy_loss
-        loss_sum, weight, fused = fused_token_mean(
+        loss_sum, weight, more = fused_token_mean(
             log_probs, inputs.old, inputs.advantages, keep, options, ref_log_probs
         )
-        return loss_sum, weight, jax.lax.stop_gradient({**metrics, **fused})
-    terms, per_token, surrogate_metrics = surrogate(
-        log_probs, inputs, keep, weights, options, ref_log_probs
-    )
-    loss_sum, weight, aggregate_metrics = aggregate(
-        terms, per_token, keep, batch, options, log_probs.dtype
-    )
-    metrics = {**metrics, **surrogate_metrics, **aggregate_metrics}
-    return loss_sum, weight, jax.lax.stop_gradient(metrics)
+    else:
+        terms, per_token, surrogate_metrics = surrogate(
+            log_probs, inputs, keep, weights, options, ref_log_probs
+        )
+        loss_sum, weight, aggregate_metrics = aggregate(
+            terms, per_token, keep, batch, options, log_probs.dtype
+        )
+        more = {**surrogate_metrics, **aggregate_metrics}
+    if options.entropy_coeff != 0:
+        bonus, entropy_metrics = entropy_bonus(entropy, keep, batch, options, loss_sum.dtype)
+        loss_sum = loss_sum - bonus
+        more = {**more, **entropy_metrics}
+    if options.loss_scale_factor is not None:  # seq-mean-token-sum-norm: every term
+        scale = jnp.asarray(options.loss_scale_factor, loss_sum.dtype)
+        loss_sum = loss_sum / scale
+        more = {k: more[k] / scale if k in _SCALED else more[k] for k in more}
+    return loss_sum, weight, jax.lax.stop_gradient({**metrics, **more})
 
 
 def scored_policy_loss(
@@ -270,22 +319,32 @@ def scored_policy_loss(
     reference: Mapping[str, Any] | None,
     score_reference: Callable[[Mapping[str, Any], Mapping[str, jax.Array]], jax.Array]
     | None = None,
+    score_entropy: Callable[[Mapping[str, Any], Mapping[str, jax.Array]], tuple[jax.Array, ...]]
+    | None = None,
 ) -> tuple[jax.Array, jax.Array, Metrics]:
     """The policy loss of ``variables``: ``score`` them (and, when ``beta > 0``, the frozen
     ``reference`` under ``stop_gradient``) into ``[B, W]`` log-probs, then
     ``compute_policy_loss``. ``score(variables, batch)`` is the objective's
     ``packed_log_probs``; ``score_reference`` scores the reference when its tree differs
-    (default: ``score``)."""
+    (default: ``score``). With ``entropy_coeff != 0``, ``score_entropy(variables, batch)``
+    (the objective's ``packed_log_probs_and_entropy``) replaces ``score``: log-probs and
+    token entropies from one forward."""
     if options.beta > 0 and reference is None:
         raise ValueError(
             "reference: beta > 0 needs the frozen reference (TrainState.ema), got None"
         )
-    log_probs = score(variables, batch)
+    entropy = None
+    if options.entropy_coeff != 0:
+        if score_entropy is None:
+            raise ValueError("score_entropy: entropy_coeff != 0 needs it, got None")
+        log_probs, entropy = score_entropy(variables, batch)
+    else:
+        log_probs = score(variables, batch)
     ref_log_probs = None
     if reference is not None and options.beta > 0:
         ref_score = score if score_reference is None else score_reference
         ref_log_probs = jax.lax.stop_gradient(ref_score(reference, batch))
-    return compute_policy_loss(log_probs, batch, options, ref_log_probs)
+    return compute_policy_loss(log_probs, batch, options, ref_log_probs, entropy)
 
 
 def policy_loss_from_log_probs(
@@ -308,47 +367,12 @@ def policy_loss_from_log_probs(
     return compute_policy_loss(log_probs, batch, PolicyLossOptions(**options), ref_log_probs)
 
 
-def mismatch_metrics(
-    proximal: jax.Array,
-    behavior: jax.Array,
-    mask: jax.Array,
-    weights: jax.Array | None,
-    behavior_importance: float | tuple[float, float] | None,
-) -> Metrics:
-    """verl ``compute_offpolicy_metrics`` kl/k3_kl and ``compute_is_metrics`` ESS.
-
-    ``mismatch/kl`` is the token mean of ``behavior - proximal`` (KL(behavior || proximal)),
-    ``mismatch/k3_kl`` that of ``exp(r) - r - 1`` with ``r = proximal - behavior``, and
-    ``mismatch/ess`` ``1 / mean((w / mean(w))^2)`` over the IS weights clamped to
-    ``[0, upper]`` (verl's effective sample size); without an IS setting the raw token
-    ratios (log clamped to +-20) stand in.
-    """
-    proximal = jax.lax.stop_gradient(proximal)
-    log_ratio = jnp.where(mask, proximal - behavior, 0.0)
-    out = {
-        "mismatch/kl": masked_mean(-log_ratio, mask),
-        "mismatch/k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1.0, mask),
-    }
-    if weights is None:
-        w = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 0.0)
-    else:
-        upper = (
-            behavior_importance[1]
-            if isinstance(behavior_importance, tuple)
-            else behavior_importance
-        )
-        w = jnp.clip(weights, 0.0, upper)
-    mean = masked_mean(w, mask)
-    normalised = w / (mean + 1e-8)
-    out["mismatch/ess"] = 1.0 / masked_mean(normalised * normalised, mask)
-    return out
-
-
 __all__ = [
     "PolicyLossOptions",
     "aggregate",
     "correct",
     "compute_policy_loss",
+    "entropy_bonus",
     "policy_loss_from_log_probs",
     "read_inputs",
     "scored_policy_loss",

@@ -4,6 +4,12 @@
 (``dew.rl.registered("policy_loss")``, ``dew.rl.registered("aggregation")``): the built-in
 ones or any registered with ``dew.rl.register_policy_loss`` / ``register_aggregation``
 before the options are built.
+
+One aggregation is the objective's own rather than a registry entry:
+``"seq-mean-token-sum-norm"`` (verl's mode of that name) is ``"seq-mean-token-sum"`` with
+the loss divided by a fixed ``loss_scale_factor`` (verl's ``loss_scale_factor``; Dr.GRPO's
+constant normaliser, for example the response budget), which it requires and which no
+other aggregation takes.
 """
 
 from __future__ import annotations
@@ -42,11 +48,35 @@ def _behavior_importance(value: Any) -> float | tuple[float, float] | None:
     return _band(value, "behavior_importance")
 
 
+NORM = "seq-mean-token-sum-norm"
+
+
+def _scale_factor(aggregation: str, value: Any) -> float | None:
+    """``loss_scale_factor``: a positive finite number with ``NORM``, None otherwise."""
+    if aggregation != NORM:
+        if value is not None:
+            raise ValueError(
+                f"loss_scale_factor: only aggregation {NORM!r} takes it; expected None with "
+                f"{aggregation!r}, got {value!r}"
+            )
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(
+            f"loss_scale_factor: aggregation {NORM!r} needs a positive number (verl's "
+            f"loss_scale_factor, e.g. the response budget), got {value!r}"
+        )
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"loss_scale_factor: expected a positive finite number, got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class PolicyLossOptions:
     """The static options of the GRPO policy loss, checked once when built.
 
-    The fields mean what they mean on ``GRPOObjective``. Numbers are stored as floats and the
+    The fields mean what they mean on ``GRPOObjective``; ``kl_estimator`` is one of
+    ``dew.rl.KL_ESTIMATORS`` (verl's names; ``"low_var_kl"``, k3, is the default) and
+    ``entropy_coeff`` any finite number (verl's entropy bonus; 0, the default, is none). Numbers are stored as floats and the
     band options as ``(low, high)`` tuples of floats.
     """
 
@@ -59,6 +89,9 @@ class PolicyLossOptions:
     behavior_importance: float | tuple[float, float] | None = None
     sequence_mask: tuple[float, float] | None = None
     geometric_mask: tuple[float, float] | None = None
+    kl_estimator: str = "low_var_kl"
+    entropy_coeff: float = 0.0
+    loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
         beta = float(self.beta)
@@ -72,10 +105,25 @@ class PolicyLossOptions:
             raise ValueError(
                 f"dual_clip: expected None or a value above 1.0, got {self.dual_clip!r}"
             )
+        coeff = self.entropy_coeff
+        if (
+            isinstance(coeff, bool)
+            or not isinstance(coeff, int | float)
+            or not math.isfinite(coeff)
+        ):
+            raise ValueError(f"entropy_coeff: expected a finite number, got {coeff!r}")
         rl.get_policy_loss(self.policy_loss)  # a ValueError naming the field when unknown
-        rl.get_aggregation(self.aggregation)
+        rl.get_aggregation(self.registry_aggregation)
+        factor = _scale_factor(self.aggregation, self.loss_scale_factor)
+        if not isinstance(self.kl_estimator, str) or self.kl_estimator not in rl.KL_ESTIMATORS:
+            raise ValueError(
+                f"kl_estimator: expected one of {', '.join(rl.KL_ESTIMATORS)} (verl's names), "
+                f"got {self.kl_estimator!r}"
+            )
         normal = {
             "beta": beta,
+            "entropy_coeff": float(coeff),
+            "loss_scale_factor": factor,
             "epsilon_low": float(self.epsilon_low),
             "epsilon_high": float(self.epsilon_high),
             "dual_clip": None if self.dual_clip is None else float(self.dual_clip),
@@ -85,6 +133,12 @@ class PolicyLossOptions:
         }
         for name, value in normal.items():
             object.__setattr__(self, name, value)
+
+    @property
+    def registry_aggregation(self) -> str:
+        """The ``dew.rl`` aggregation computing the totals (``"seq-mean-token-sum-norm"``
+        is ``"seq-mean-token-sum"``, divided by ``loss_scale_factor`` afterwards)."""
+        return "seq-mean-token-sum" if self.aggregation == NORM else self.aggregation
 
     @property
     def corrected(self) -> bool:

@@ -19,10 +19,12 @@ their count by the Trainer (verl ``token-mean`` for every term)::
 
     pg    = clipped dual-clip surrogate of exp(log_probs - old_log_probs) and advantages
             (verl 0.9.1 compute_policy_loss_vanilla, optional token TIS weights)
-    kl    = k3(log_probs, reference log_probs)            (verl kl_penalty "low_var_kl")
+    kl    = kl_penalty(log_probs, reference log_probs, kl_estimator)
+                                                (verl kl_penalty, "low_var_kl" = k3 by default)
     vf    = 0.5 * max((V - R)^2, (clip(V, V_old +- value_clip) - R)^2)
                                                            (verl compute_value_loss)
-    loss  = pg + beta * kl + value_coefficient * vf
+    ent   = token entropy of the policy's logits            (verl entropy_from_logits)
+    loss  = pg - entropy_coeff * ent + beta * kl + value_coefficient * vf
 
 ``V`` at token ``t`` is the critic's output at column ``t - 1`` (the state before the token,
 as verl's critic reads it), the same alignment as the policy's log-probs. Both losses reduce
@@ -54,7 +56,7 @@ from dew.objectives.rl._ppo_critic import packed_values, value_loss_terms
 from dew.objectives.rl._ppo_tree import CRITIC, POLICY, join, subtree
 from dew.objectives.rl.grpo import GRPOObjective
 from dew.objectives.rl.policy_loss import scored_policy_loss
-from dew.objectives.scoring import packed_log_probs
+from dew.objectives.scoring import packed_log_probs, packed_log_probs_and_entropy
 
 _UNSET = object()
 TARGETS = ("old_values", "advantages", "returns")
@@ -72,7 +74,7 @@ class PPOObjective:
       value_coefficient: weight of the critic's loss (verl ``vf_coef``), > 0.
       value_clip: predictions are clipped to ``old_values +- value_clip`` (verl
         ``cliprange_value``), > 0.
-      beta: coefficient of the k3 KL to the frozen policy reference; ``> 0`` keeps the
+      beta: coefficient of the KL to the frozen policy reference; ``> 0`` keeps the
         starting policy subtree (``reference_variables``) in ``TrainState.ema``; the critic
         has no reference.
       pretrained: full policy variables (``{"params": ...}``) the policy starts from.
@@ -82,6 +84,10 @@ class PPOObjective:
       behavior_importance: None, a TIS cap ``c`` or an IcePop ``(low, high)`` band, as on
         ``GRPOObjective``.
       sampling_temperature: score ids at the temperature they were sampled at.
+      kl_estimator: the KL estimate by verl's name, as on ``GRPOObjective`` (default
+        ``"low_var_kl"``, k3).
+      entropy_coeff: verl's entropy bonus on the policy, as on ``GRPOObjective`` (token mean
+        of the policy's entropy times this, subtracted; 0 by default: none).
       aggregation, sequence_mask, geometric_mask: accepted only at their defaults
         (``"token-mean"``, None, None); anything else is refused, because the value loss
         shares the policy loss's token mass.
@@ -110,6 +116,8 @@ class PPOObjective:
         sequence_mask: tuple[float, float] | None = None,
         geometric_mask: tuple[float, float] | None = None,
         ema_decay: Any = _UNSET,
+        kl_estimator: str = "low_var_kl",
+        entropy_coeff: float = 0.0,
     ) -> None:
         if aggregation != "token-mean":
             raise ValueError(
@@ -150,6 +158,8 @@ class PPOObjective:
             dual_clip=dual_clip,
             behavior_importance=behavior_importance,
             sampling_temperature=sampling_temperature,
+            kl_estimator=kl_estimator,
+            entropy_coeff=entropy_coeff,
         )
         self.model = model
         self.critic = critic
@@ -163,6 +173,8 @@ class PPOObjective:
         self.epsilon_high = self._policy.epsilon_high
         self.dual_clip = self._policy.dual_clip
         self.behavior_importance = self._policy.behavior_importance
+        self.kl_estimator = self._policy.kl_estimator
+        self.entropy_coeff = self._policy.entropy_coeff
         self.sampling_temperature = self._policy.sampling_temperature
         self.aggregation = "token-mean"
 
@@ -244,6 +256,15 @@ class PPOObjective:
             self.model, self.policy_variables(variables), batch, self.sampling_temperature
         )
 
+    def packed_log_probs_and_entropy(
+        self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array]:
+        """``[B, W]`` policy log-probs and next-token entropies from one forward."""
+        self._policy._check_width(batch)
+        return packed_log_probs_and_entropy(
+            self.model, self.policy_variables(variables), batch, self.sampling_temperature
+        )
+
     def packed_values(
         self, variables: Mapping[str, Any], batch: Mapping[str, jax.Array]
     ) -> jax.Array:
@@ -302,6 +323,7 @@ class PPOObjective:
             self._policy.loss_options,
             reference,
             score_reference=self._reference_log_probs,
+            score_entropy=self.packed_log_probs_and_entropy,
         )
         mask = (jnp.asarray(batch["response_mask"]) > 0) & (
             jnp.asarray(batch["text_segment_ids"]) > 0
