@@ -184,6 +184,22 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
+def kill_after_first_checkpoint(
+    proc: subprocess.Popen, run_dir: Path, worker: Path, steps: int
+) -> None:
+    """SIGKILL the run ``proc`` once it has written a checkpoint short of ``steps``, and wait
+    until none of its ``worker`` processes is left (they die with their parent)."""
+    assert wait_for_checkpoint(proc, run_dir, 240), "the run ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=120)
+    saved = sorted(n for n in os.listdir(run_dir / "checkpoints") if n.startswith("step_"))
+    assert saved and saved[-1] < f"step_{steps:08d}"
+    deadline = time.time() + 10
+    while workers_alive(worker) and time.time() < deadline:
+        time.sleep(0.05)
+    assert workers_alive(worker) == []
+
+
 STEPS = 4
 #: Each tool step sleeps this long, so a collection takes a moment and the process can be
 #: killed between two checkpoints; the episodes themselves do not depend on time.
@@ -198,17 +214,7 @@ def test_a_killed_run_resumes_to_bit_identical_arrays(worker, tmp_path) -> None:
 
     run_dir = tmp_path / "killed"
     config = grpo_config(worker, run_dir, STEPS, **SLOW)
-    proc = dew_process(config)
-    ckpts = run_dir / "checkpoints"
-    assert wait_for_checkpoint(proc, run_dir, 240), "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=120)
-    saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
-    assert saved and saved[-1] < f"step_{STEPS:08d}"
-    deadline = time.time() + 10  # the workers get SIGKILL when their parent dies
-    while workers_alive(worker) and time.time() < deadline:
-        time.sleep(0.05)
-    assert workers_alive(worker) == []
+    kill_after_first_checkpoint(dew_process(config), run_dir, worker, STEPS)
 
     out = finish(dew_process(config))
     assert f"trained to step {STEPS} ({STEPS} updates)" in out

@@ -8,16 +8,20 @@ resume test for why not to the bit)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_recipe_environment import WORKER, dew_process, finish, grpo_config, workers_alive
+from test_recipe_environment import (
+    WORKER,
+    dew_process,
+    finish,
+    grpo_config,
+    kill_after_first_checkpoint,
+    workers_alive,
+)
 
-from dew.testing import checkpoint_arrays, wait_for_checkpoint
+from dew.testing import checkpoint_arrays
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +112,7 @@ def test_a_killed_async_run_resumes_on_the_same_episodes(worker, uninterrupted, 
     expected = checkpoint_arrays(uninterrupted)
     run_dir = tmp_path / "killed"
     config = async_config(worker, run_dir, STEPS, **SLOW)
-    proc = dew_process(config)
-    assert wait_for_checkpoint(proc, run_dir, 240), "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=120)
-    saved = sorted(n for n in os.listdir(run_dir / "checkpoints") if n.startswith("step_"))
-    assert saved and saved[-1] < f"step_{STEPS:08d}"
-    deadline = time.time() + 10  # the workers get SIGKILL when their parent dies
-    while workers_alive(worker) and time.time() < deadline:
-        time.sleep(0.05)
-    assert workers_alive(worker) == []
+    kill_after_first_checkpoint(dew_process(config), run_dir, worker, STEPS)
 
     out = finish(dew_process(config))
     assert f"trained to step {STEPS} ({STEPS} updates)" in out
