@@ -356,3 +356,21 @@ def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys,
     completed = [e for e in episodes if e["status"] == "completed"]
     assert all(e["turns"] == 2 and e["reward"] == float(e["detail"]) for e in completed)
     assert workers_alive(worker) == []
+
+
+def test_a_chain_model_too_short_for_a_turn_is_one_line(tmp_path, capsys) -> None:
+    """The chain's decoder must hold a turn: the context and the turn, each padded to a
+    power of two (at least 16); a shorter one is refused naming both stage keys."""
+    source = {"kind": "environment", "command": [sys.executable, "-c", "pass"], "tasks": 4,
+              "max_prompt_tokens": 64}  # fmt: skip
+    tools = {"name": "tools", "steps": 1, "eos_id": 1, "max_new_tokens": 17, "source": source}
+    path = tmp_path / "chain.json"
+    path.write_text(json.dumps({"output": "out", "batch": 2, "model": {**MODEL, "max_seq_len": 32},
+                                "stages": [tools]}))  # fmt: skip
+    assert main(["chain", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "dew: error: model.max_seq_len: 32 is shorter than stages.0.source.max_prompt_tokens 64 + "
+        "stages.0.max_new_tokens 17 need (96;"
+    ), err
+    assert not (tmp_path / "out").exists()

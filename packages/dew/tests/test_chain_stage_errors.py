@@ -48,9 +48,6 @@ def _error(tmp_path, capsys, stages) -> str:
         ({"kind": "dpo"}, "stages.1.source.kind: environment episodes train with a grpo or ppo "
          "stage, not a dpo one"),
         ({"data": DPO["data"]}, "stages.1.data: source.kind environment draws task ids"),
-        ({"max_new_tokens": 17},
-         "model.max_seq_len: 32 is shorter than stages.1.source.max_prompt_tokens 64 + "
-         "stages.1.max_new_tokens 17 need (96;"),
     ],
 )  # fmt: skip
 def test_a_bad_source_key_names_the_stage(tmp_path, capsys, change, expected) -> None:
