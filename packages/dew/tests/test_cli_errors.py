@@ -371,7 +371,8 @@ def test_chain_config_is_checked_before_any_stage_trains(work, capsys, tmp_path)
     cases = [
         ([stage, {**stage, "name": "b", "step": 1}], "stages.1.step: unknown key; did you mean 'steps'?"),
         ([stage, {**stage, "name": "b", "data": {**stage["data"], "type": "Chat"}}],
-         "stages.1.data.type: expected one of ChatMessages, PreferencePairs, Prompts, got 'Chat'"),
+         "stages.1.data.type: expected one of ChatMessages, PreferencePairs, Prompts, "
+         "TokenFile, got 'Chat'"),
         ([stage, {**stage, "name": "b", "data": {**stage["data"], "path": "./nope.jsonl"}}],
          "stages.1.data.path: no such file or directory"),
         ([stage, {**stage, "name": "b", "data": {**stage["data"], "seq_length": 3}}],

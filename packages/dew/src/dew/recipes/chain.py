@@ -9,6 +9,8 @@ dataset's type picks the objective:
 ``PreferencePairs``    DPO: ``DPOObjective(model, data.seq_len - 1, beta, nll_weight)``
 ``Prompts``            GRPO: ``GRPOObjective(model, P + R - 1, beta)`` fed by
                        ``SampledRollout(objective, reward, groups, R, Sampling(top_k=sample))``
+``TokenFile``          LM: ``LMObjective(model, data.seq_len)`` over every id of the file
+                       (e.g. a warm-up on transcripts before RL on tool episodes)
 =====================  =====================================================================
 
 A stage starts from the previous stage's final policy variables (the first from
@@ -45,6 +47,7 @@ from dew.checks import is_int
 from dew.data.chat import ChatMessages
 from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
+from dew.data.tokens import TokenFile
 from dew.recipes.flow_stage import FlowStage
 from dew.recipes.ppo_stage import PPO_KEYS, checked_options
 from dew.recipes.rollout_config import RolloutConfig
@@ -58,7 +61,8 @@ class Stage(GRPOLoss):
 
     Attributes:
       name: directory name under ``Recipe.output`` (distinct per stage).
-      data: ``ChatMessages`` (SFT), ``PreferencePairs`` (DPO) or ``Prompts`` (GRPO).
+      data: ``ChatMessages`` (SFT), ``PreferencePairs`` (DPO), ``Prompts`` (GRPO) or
+        ``TokenFile`` (LM).
       steps: optimizer steps of this stage.
       beta: DPO's preference scale (default 0.1) or GRPO's KL coefficient (default 0).
       nll_weight: DPO only: RPO's weight of the chosen answers' token-mean NLL (default 0).
@@ -78,8 +82,8 @@ class Stage(GRPOLoss):
         ``dew-rollout``'s ``RolloutScheduler`` (``dew.recipes.async_run``).
       kind: the stage's objective, ``"lm"``, ``"sft"``, ``"dpo"``, ``"grpo"`` or ``"ppo"``;
         None (the default) infers it from the dataset (``sft``, ``dpo``, ``grpo``). The
-        dataset must fit: ``ChatMessages`` for lm and sft, ``PreferencePairs`` for dpo,
-        ``Prompts`` for grpo and ppo. After construction it always holds the kind.
+        dataset must fit: ``ChatMessages`` for lm and sft, ``TokenFile`` for lm,
+        ``PreferencePairs`` for dpo, ``Prompts`` for grpo and ppo. After construction it always holds the kind.
       gamma, lam, value_coefficient, value_clip, critic_from_policy: PPO only
         (``dew.recipes.ppo_stage``); None keeps PPO's default. A PPO stage samples
         ``groups`` completions per prompt (the default 4 applies here too), uses
@@ -124,10 +128,10 @@ class Stage(GRPOLoss):
             from dew.recipes.source_config import check_source_stage
 
             check_source_stage(self)
-        elif not isinstance(self.data, ChatMessages | PreferencePairs | Prompts):
+        elif not isinstance(self.data, ChatMessages | PreferencePairs | Prompts | TokenFile):
             raise TypeError(
-                f"Stage.data ({self.name}): expected ChatMessages, PreferencePairs or Prompts, "
-                f"got {type(self.data).__name__}"
+                f"Stage.data ({self.name}): expected ChatMessages, PreferencePairs, Prompts or "
+                f"TokenFile, got {type(self.data).__name__}"
             )
         if not is_int(self.steps) or self.steps < 1:
             raise ValueError(
@@ -231,7 +235,8 @@ def _kind(name: str, data: Any, kind: str | None, source: Any = None) -> str:
     which trains GRPO or PPO), or the first kind that fits."""
     allowed = ("grpo", "ppo") if source is not None else ("sft", "lm") if isinstance(
         data, ChatMessages) else ("dpo",) if isinstance(
-        data, PreferencePairs) else ("grpo", "ppo")  # fmt: skip
+        data, PreferencePairs) else ("lm",) if isinstance(
+        data, TokenFile) else ("grpo", "ppo")  # fmt: skip
     if kind is None:
         return allowed[0]
     if kind not in allowed:
@@ -325,7 +330,7 @@ class Recipe:
         elif stage.kind == "grpo":
             options = grpo
             width = data.max_prompt_len + stage.max_new_tokens
-        else:  # the SFT row is seq_len + 1 ids wide
+        else:  # an SFT or LM row is seq_len + 1 ids wide
             width = data.seq_len + 1
         objective, rollout = build_stage(kind, self.model, width, options, pretrained=start,
                                          reward=stage.reward, decode=stage.decode,

@@ -11,6 +11,7 @@ The config (paths inside it are relative to the config file's directory)::
     optimizer: {name: adamw, learning_rate: 1e-4, clip: 1.0}   # dew.recipes.builder
     schedule: {kind: cosine, warmup_steps: 10}
     stages:
+      - {name: lm, steps: 100, data: {type: TokenFile, path: tokens.bin, seq_len: 63}}
       - {name: sft, steps: 100,
          data: {type: ChatMessages, path: chat.jsonl, tokenizer: tok, seq_len: 63}}
       - {name: dpo, steps: 50, beta: 0.1, optimizer: {name: adam, learning_rate: 1e-6},
@@ -63,7 +64,7 @@ from dew.recipes.schema import (
     unknown_key,
 )
 
-DATASETS = ("ChatMessages", "PreferencePairs", "Prompts")
+DATASETS = ("ChatMessages", "PreferencePairs", "Prompts", "TokenFile")
 _PATH_KEYS = ("path", "tokenizer", "val_path")
 _TOP_KEYS = ("output", "batch", "seed", "model", "pretrained", "optimizer", "schedule",
              "log_every", "stages")  # fmt: skip
@@ -73,11 +74,13 @@ def _dataset(spec: Any, base: Path, where: str) -> Any:
     from dew.data.chat import ChatMessages
     from dew.data.preference import PreferencePairs
     from dew.data.prompts import Prompts
+    from dew.data.tokens import TokenFile
 
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise ConfigError(f"{where}: expected a mapping with a 'type' of {', '.join(DATASETS)}")
     kind = spec["type"]
-    classes = {"ChatMessages": ChatMessages, "PreferencePairs": PreferencePairs, "Prompts": Prompts}
+    classes = {"ChatMessages": ChatMessages, "PreferencePairs": PreferencePairs,
+               "Prompts": Prompts, "TokenFile": TokenFile}  # fmt: skip
     if kind not in classes:
         raise ConfigError(f"{where}.type: expected one of {', '.join(DATASETS)}, got {kind!r}")
     accepted = [
@@ -175,6 +178,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         if model_cfg is None:
             raise ConfigError(f"model: required, missing from {path} (the text stages' decoder)")
         model, pretrained = build_model(model_cfg, **_episode_room(stages))
+        _check_token_files(stages, model)
     return Recipe(
         model=model,
         optimizer=lambda stage: optimizers[stage.name],
@@ -202,6 +206,21 @@ def _episode_room(stages: Sequence[Any]) -> dict[str, Any]:
            f"stages.{i}.max_new_tokens {stage.max_new_tokens} need ({room}; sampling pads "
            "each to a power of two, at least 16)")  # fmt: skip
     return {"max_seq_len": room, "length_from": why}
+
+
+def _check_token_files(stages: Sequence[Any], model: Any) -> None:
+    """Read every id of each ``TokenFile`` stage and refuse one outside ``model``'s
+    vocabulary (``stages.N.data.path``), before any stage trains."""
+    from dew.data.tokens import TokenFile
+    from dew.recipes.train_data import check_token_ids
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    for i, stage in enumerate(stages):
+        data = getattr(stage, "data", None)
+        if isinstance(data, TokenFile):
+            check_token_ids(data.path, data.dtype, vocab, f"stages.{i}.data.path")
+            if data.val_path is not None:
+                check_token_ids(data.val_path, data.dtype, vocab, f"stages.{i}.data.val_path")
 
 
 def _top_level(config: Mapping[str, Any], path: Path) -> tuple[int, int, int | None]:

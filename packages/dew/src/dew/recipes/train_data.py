@@ -23,32 +23,44 @@ def _max_id(array: Any) -> int:
     return int(np.max(array)) if np.size(array) else -1
 
 
-def _lm_data(config: TrainConfig) -> tuple[Any, int, int]:
+def check_token_ids(path: str, dtype: str, vocab: int | None, where: str) -> int:
+    """Read every id of the token file ``path`` and return the vocabulary it needs:
+    ``vocab``, or the largest id plus one when ``vocab`` is None.
+
+    Raises:
+      ConfigError: an empty file, a negative id, or an id ``>= vocab``; named ``where``.
+    """
     import numpy as np
 
-    from dew.data import TokenFile
     from dew.data.tokens import open_tokens
 
-    d = config.data
-    ids = open_tokens(d.tokens, d.token_dtype)
+    ids = open_tokens(path, dtype)
     if ids.size == 0:
-        raise ConfigError(f"data.tokens: {d.tokens!r} holds no tokens")
+        raise ConfigError(f"{where}: {path!r} holds no tokens")
     if np.issubdtype(ids.dtype, np.signedinteger):
         negative = np.flatnonzero(ids < 0)
         if negative.size:
             at = int(negative[0])
             raise ConfigError(
-                f"data.tokens: {d.tokens!r} holds a negative token id {int(ids[at])} at "
+                f"{where}: {path!r} holds a negative token id {int(ids[at])} at "
                 f"position {at}; expected ids >= 0"
             )
     largest = _max_id(ids)
-    vocab = config.model.vocab_size or largest + 1
+    vocab = vocab or largest + 1
     if largest >= vocab:
         at = int(np.flatnonzero(ids >= vocab)[0])
         raise ConfigError(
-            f"data.tokens: {d.tokens!r} holds id {int(ids[at])} at position {at}, outside "
+            f"{where}: {path!r} holds id {int(ids[at])} at position {at}, outside "
             f"model.vocab_size {vocab}"
         )
+    return vocab
+
+
+def _lm_data(config: TrainConfig) -> tuple[Any, int, int]:
+    from dew.data import TokenFile
+
+    d = config.data
+    vocab = check_token_ids(d.tokens, d.token_dtype, config.model.vocab_size, "data.tokens")
     spec = TokenFile(d.tokens, d.seq_len, dtype=d.token_dtype, eos_id=d.eos_id,
                      seed=config.run.seed, val_path=d.val_tokens, val_batches=d.val_batches)  # fmt: skip
     return spec.load(batch=config.run.batch), vocab, d.seq_len + 1
