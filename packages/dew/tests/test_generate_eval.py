@@ -194,3 +194,28 @@ def test_a_long_prompt_is_truncated_with_a_warning(run, capsys):
     assert code == 0
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["row"] for r in lines] == [0, 1, 2] and all(r["length"] == 2 for r in lines)
+
+
+def test_a_chain_stage_outside_its_config_directory_finds_its_tokenizer(run, capsys):
+    """``output: ../chain-out``: the stage's relative tokenizer is read from the config's own
+    directory, which ``chain-config.json`` records (it cannot be told from ``OUTPUT``)."""
+    configs = run / "configs"
+    configs.mkdir()
+    sft = {"name": "sft", "steps": 1,
+           "data": {"type": "ChatMessages", "path": "../chat.jsonl", "tokenizer": "../tok",
+                    "seq_len": 63}}  # fmt: skip
+    model = {"name": "causal_transformer", "emb_features": 16, "num_layers": 1, "num_heads": 2,
+             "mlp_features": 32, "vocab_size": 512, "max_seq_len": 64}  # fmt: skip
+    config = {"output": "../chain-out", "batch": 2, "model": model, "stages": [sft]}
+    (configs / "chain.json").write_text(json.dumps(config))
+    assert main(["chain", str(configs / "chain.json")]) == 0
+    capsys.readouterr()
+    record = json.loads((run / "chain-out" / "chain-config.json").read_text())
+    assert record["_config_dir"] == str(configs.resolve())
+    out = run / "gen-chain.jsonl"
+    code = main(["generate", str(run / "chain-out" / "sft"), "--prompts",
+                 str(run / "prompts.jsonl"), "--out", str(out), *GEN])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    records = _lines(out)
+    assert len(records) == 3 and all(isinstance(r["text"], str) for r in records)
+    assert main(["chain", str(configs / "chain.json")]) == 0  # a rerun: the same config

@@ -1,7 +1,9 @@
 """Where ``dew chain`` records its config: ``OUTPUT/chain-config.json``.
 
-``check_chain_output(output, config)`` records the config (``--set`` applied) on a first run
-and, when the output's stage directories already hold checkpoints, refuses a config that
+``check_chain_output(output, config, base)`` records the config (``--set`` applied) on a
+first run, with the config file's directory ``base`` under ``CONFIG_DIR`` (the relative paths
+inside the config are read from there: ``dew generate`` and ``dew eval`` find a stage's
+tokenizer through it), and, when the output's stage directories already hold checkpoints, refuses a config that
 differs from the recorded one in any key but ``log_every``, naming the keys that differ
 (dotted, list items by position: ``stages.1.steps``). A rerun of the same config resumes
 unfinished stages and restores finished ones without training.
@@ -18,8 +20,10 @@ from typing import Any
 from dew.recipes.schema import ConfigError
 
 CHAIN_CONFIG = "chain-config.json"
+#: The record's key holding the config file's directory (no config key starts with ``_``).
+CONFIG_DIR = "_config_dir"
 #: Keys a rerun may change without retraining anything.
-_MAY_CHANGE = {"log_every"}
+_MAY_CHANGE = {"log_every", CONFIG_DIR}
 
 
 def _differences(old: Any, new: Any, where: str = "") -> list[str]:
@@ -39,9 +43,10 @@ def _differences(old: Any, new: Any, where: str = "") -> list[str]:
     return [] if old == new else [where or "(the whole config)"]
 
 
-def check_chain_output(output: Path, config: Mapping[str, Any]) -> None:
+def check_chain_output(output: Path, config: Mapping[str, Any], base: Path) -> None:
     """Refuse to continue an output directory whose stages were trained from another config
-    (naming the keys that differ); record the config on a first run."""
+    (naming the keys that differ); record the config and its directory ``base`` on a first
+    run."""
     from dew.files import atomic_write
     from dew.trainer.checkpoint import list_checkpoints
 
@@ -54,7 +59,7 @@ def check_chain_output(output: Path, config: Mapping[str, Any]) -> None:
             old = json.loads(record.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             raise ConfigError(f"output: {record} is unreadable ({err})") from None
-        changed = _differences(old, json.loads(json.dumps(config)))
+        changed = _differences(old, {**json.loads(json.dumps(config)), CONFIG_DIR: None})
         if changed:
             raise ConfigError(
                 f"output: {output} holds stages trained with another config ({', '.join(changed)} "
@@ -71,7 +76,8 @@ def check_chain_output(output: Path, config: Mapping[str, Any]) -> None:
         )
     output.mkdir(parents=True, exist_ok=True)
     with atomic_write(record, "w") as f:
-        f.write(json.dumps(config, indent=1, sort_keys=True, default=str) + "\n")
+        record_config = {**config, CONFIG_DIR: str(Path(base).resolve())}
+        f.write(json.dumps(record_config, indent=1, sort_keys=True, default=str) + "\n")
 
 
-__all__ = ["CHAIN_CONFIG", "check_chain_output"]
+__all__ = ["CHAIN_CONFIG", "CONFIG_DIR", "check_chain_output"]

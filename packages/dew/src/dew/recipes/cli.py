@@ -387,7 +387,7 @@ def _run_chain(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
             print(f"dew: moved the earlier run to {moved}", flush=True)
     from dew.recipes.chain_output import check_chain_output
 
-    check_chain_output(output, config)
+    check_chain_output(output, config, Path(args.config).resolve().parent)
     states = recipe.run()
     for stage, state in zip(recipe.stages, states):
         print(

@@ -8,9 +8,9 @@
   newest valid checkpoint; the tokenizer defaults to the config's ``data.tokenizer``;
 * a stage directory of ``dew chain`` (``OUTPUT/<stage>/checkpoints``, no ``config.json``):
   the model and the stage's kind come from ``OUTPUT/chain-config.json``, the tokenizer
-  defaults to the stage's ``data.tokenizer``; their relative paths are read against the
-  config file's directory, found by taking the config's relative ``output`` off ``OUTPUT``
-  (an absolute ``output`` leaves them relative to the working directory);
+  from the stage's ``data.tokenizer``; relative paths are read from the config file's
+  directory, which the record holds (a record written before it did: the config's relative
+  ``output`` taken off ``OUTPUT``);
 * an exported or Hugging Face directory (``config.json`` + safetensors, what ``dew train
   --export`` writes), read by ``dew.models.load_pretrained``; the tokenizer defaults to the
   directory itself when it holds ``tokenizer.json``.
@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.recipes.chain_output import CONFIG_DIR
 from dew.recipes.schema import ConfigError
 
 
@@ -127,10 +128,12 @@ def _chain_stage(run_dir: str) -> dict[str, Any] | None:
     stages = [s for s in chain.get("stages") or () if isinstance(s, dict) and s.get("name") == name]
     if not stages:
         raise ConfigError(f"MODEL: {record} names no stage {name!r}")
-    base, written = output, str(chain.get("output", ""))
-    if written and not os.path.isabs(written):
-        for _ in os.path.normpath(written).split(os.sep):
-            base = os.path.dirname(base)
+    base = chain.get(CONFIG_DIR)
+    if not isinstance(base, str):  # recorded before the directory was: undo a plain output
+        base, written = output, str(chain.get("output", ""))
+        if written and not os.path.isabs(written):
+            for _ in os.path.normpath(written).split(os.sep):
+                base = os.path.dirname(base)
 
     def resolve(value: Any) -> Any:
         if not isinstance(value, str) or os.path.isabs(os.path.expanduser(value)):
