@@ -84,6 +84,38 @@ def test_train_grpo_async_draws_one_batch_ahead(tmp_path, monkeypatch, capsys):
     assert saved["rollout"]["mode"] == "async" and saved["rollout"]["max_lag"] == 1
 
 
+def test_train_ppo_async_draws_one_batch_ahead_and_trains_its_critic(tmp_path, monkeypatch,
+                                                                     capsys):  # fmt: skip
+    """PPO draws through the same scheduler: the engine serves the policy half, and each
+    drawn batch gets the critic's values and GAE targets before the update."""
+    import jax
+
+    from dew.recipes.generate import load_model
+
+    reward = write_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "ppo"
+    config = grpo_config(tmp_path, run_dir, reward, 3)
+    raw = json.loads(config.read_text())
+    raw["objective"].update(gamma=1.0, lam=0.95)
+    config.write_text(json.dumps(raw))
+    assert main(["train", "ppo", "--config", str(config)]) == 0
+    assert "trained to step 3 (3 updates)" in capsys.readouterr().out
+    drawn = records(run_dir)
+    assert [r["lag"] for r in drawn] == [0, 1, 1]
+    assert [r["version"] for r in drawn] == [0, 0, 1]
+    assert [r["pushed"] for r in drawn] == [-1, 1, 2]
+    metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(np.isfinite(m["loss"]) and m["critic/loss"] > 0 for m in metrics)
+    # each update's reward is the mean over the sessions the scheduler admitted for it
+    assert all(0.0 <= m["reward/mean"] <= 1.0 for m in metrics)
+    saved = json.load(open(run_dir / "config.json"))
+    assert saved["kind"] == "ppo" and saved["rollout"]["mode"] == "async"
+    policy = load_model(str(run_dir))  # the checkpoint's policy half, what the engine served
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(policy.variables))
+
+
 def dew_process(config: Path, cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
@@ -158,12 +190,18 @@ stages:
 """
 
 
-def test_chain_grpo_stage_async_runs_to_the_end(tmp_path, capsys):
+@pytest.mark.parametrize("kind", ["grpo", "ppo"])
+def test_chain_rl_stage_async_runs_to_the_end(tmp_path, capsys, kind):
     reward = write_files(tmp_path)
     config = tmp_path / "chain.yaml"
     config.write_text(CHAIN.format(model=json.dumps({**MODEL, "max_seq_len": 64}), reward=reward))
-    assert main(["chain", str(config)]) == 0
-    assert "grpo (grpo): step 3, 3 updates" in capsys.readouterr().out
+    overrides = [] if kind == "grpo" else ["--set", "stages.0.kind=ppo"]
+    assert main(["chain", str(config), *overrides]) == 0
+    assert f"grpo ({kind}): step 3, 3 updates" in capsys.readouterr().out
     drawn = records(tmp_path / "chain" / "grpo")
     assert [r["lag"] for r in drawn] == [0, 1, 1]
     assert [r["version"] for r in drawn] == [0, 0, 1]
+    metrics = [json.loads(line) for line in open(tmp_path / "chain" / "grpo" / "metrics.jsonl")]
+    assert all(np.isfinite(m["loss"]) for m in metrics)
+    assert all(("critic/loss" in m) == (kind == "ppo") for m in metrics)
+    assert all(m.get("critic/loss", 1.0) > 0 for m in metrics)

@@ -314,9 +314,11 @@ def _chat_tokenizer(directory: Path) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("kind", ["grpo", "ppo"])
-def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys, kind) -> None:
-    """A GRPO or a PPO stage (with its critic) on worker episodes after an LM stage."""
+@pytest.mark.parametrize(("kind", "mode"), [("grpo", "sync"), ("ppo", "sync"), ("ppo", "async")])
+def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys, kind,
+                                                               mode) -> None:  # fmt: skip
+    """A GRPO or a PPO stage (with its critic) on worker episodes after an LM stage, the
+    episodes collected by the trainer or drawn one batch ahead by dew-rollout's scheduler."""
     base = tmp_path / "configs"
     base.mkdir()
     worker = base / "chain_tool_worker.py"
@@ -341,6 +343,9 @@ def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys,
                         "limits": {"cpu_seconds": 10, "deadline_seconds": 60}}},
         ],
     }  # fmt: skip
+    if mode == "async":
+        config["stages"][1].update(behavior_importance=2.0, rollout={
+            "mode": "async", "ahead": 1, "truncation": "score"})  # fmt: skip
     path = base / "chain.yaml"
     path.write_text(json.dumps(config))
     assert main(["chain", str(path)]) == 0
@@ -352,7 +357,12 @@ def test_a_chain_trains_an_lm_stage_then_rl_on_worker_episodes(tmp_path, capsys,
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(("critic/loss" in m) == (kind == "ppo") for m in metrics)
     assert len(episodes) == 2 * 2 * 4  # steps * tasks per batch * groups
-    assert {e["task"] for e in episodes} <= set(range(6)) and (run_dir / "journal").is_dir()
+    assert {e["task"] for e in episodes} <= set(range(6))
+    # the scheduler keeps its own journal; the trainer's collection, the episode journal
+    assert (run_dir / ("rollout-journal" if mode == "async" else "journal")).is_dir()
+    if mode == "async":
+        lags = [json.loads(line)["lag"] for line in open(run_dir / "rollout.jsonl")]
+        assert lags == [0, 1] and {e["lag"] for e in episodes} == {0, 1}
     completed = [e for e in episodes if e["status"] == "completed"]
     assert all(e["turns"] == 2 and e["reward"] == float(e["detail"]) for e in completed)
     assert workers_alive(worker) == []

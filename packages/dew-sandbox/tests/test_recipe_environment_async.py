@@ -1,4 +1,5 @@
-"""``source: {kind: environment}`` with ``rollout.mode: async`` in ``dew train grpo``: the
+"""``source: {kind: environment}`` with ``rollout.mode: async`` in ``dew train grpo`` (and
+``ppo``): the
 tool episodes are drawn by dew-rollout's ``RolloutScheduler`` on the native engine one batch
 ahead of the update (a lag of one update in ``rollout.jsonl`` and in ``episodes.jsonl``), and
 a process killed with SIGKILL after its first checkpoint resumes through its rollout journal
@@ -21,6 +22,7 @@ from test_recipe_environment import (
     workers_alive,
 )
 
+from dew.cli import main
 from dew.testing import checkpoint_arrays
 
 
@@ -91,6 +93,27 @@ def test_an_async_config_draws_episodes_one_batch_ahead(worker, uninterrupted) -
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(np.isfinite(m["loss"]) for m in metrics)
     assert (run_dir / "rollout-journal").is_dir() and not (run_dir / "journal").exists()
+    assert workers_alive(worker) == []
+
+
+def test_an_async_ppo_config_draws_episodes_ahead_and_trains_its_critic(worker, tmp_path):
+    """PPO on the scheduler's episodes: the lag of one update, the critic's loss on every
+    step, and the episodes' rewards behind each update's mean."""
+    run_dir = tmp_path / "ppo"
+    path = async_config(worker, run_dir, STEPS)
+    raw = json.loads(path.read_text())
+    raw["objective"].update(gamma=1.0, lam=0.95)
+    path.write_text(json.dumps(raw))
+    assert main(["train", "ppo", "--config", str(path)]) == 0
+    assert [r["lag"] for r in lines(run_dir / "rollout.jsonl")] == [0, 1, 1]
+    metrics = lines(run_dir / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(np.isfinite(m["loss"]) and m["critic/loss"] > 0 for m in metrics)
+    episodes = lines(run_dir / "episodes.jsonl")
+    for m in metrics:
+        rewards = [e["reward"] for e in episodes if e["step"] == m["step"]]
+        assert len(rewards) == 4 and m["reward/mean"] == pytest.approx(np.mean(rewards))
+    assert json.load(open(run_dir / "config.json"))["kind"] == "ppo"
     assert workers_alive(worker) == []
 
 

@@ -117,7 +117,7 @@ def grpo(base, rollout, **objective):
             "rollout": rollout}  # fmt: skip
 
 
-def test_train_config_takes_the_section_for_grpo_only(prompts):
+def test_train_config_takes_the_section_for_grpo_and_ppo_only(prompts):
     config = train_config(grpo(prompts, {"mode": "async"}, behavior_importance=2.0), "grpo")
     assert config.rollout.is_async and config.as_dict()["rollout"]["engine"]["kind"] == "native"
     assert train_config(grpo(prompts, None), "grpo").rollout == RolloutConfig()
@@ -129,8 +129,14 @@ def test_train_config_takes_the_section_for_grpo_only(prompts):
     np.save(tokens, np.arange(64, dtype=np.uint16))
     lm = {"run": {"run_dir": str(prompts / "lm"), "steps": 1}, "model": MODEL,
           "data": {"tokens": str(tokens)}, "rollout": {"mode": "sync"}}  # fmt: skip
-    with pytest.raises(ConfigError, match="^rollout: only dew train grpo takes it"):
+    with pytest.raises(
+        ConfigError, match="^rollout: only dew train grpo and dew train ppo take it"
+    ):
         train_config(lm, "lm")
+    ppo = train_config(grpo(prompts, {"mode": "async"}, behavior_importance=2.0), "ppo")
+    assert ppo.rollout.is_async
+    with pytest.raises(ConfigError, match="^objective.behavior_importance: rollout.max_lag 1"):
+        train_config(grpo(prompts, {"mode": "async"}), "ppo")
 
 
 CLI_BAD = [
@@ -181,7 +187,7 @@ def test_a_chain_stage_names_its_rollout_keys(tmp_path, capsys):
          "stages.0.rollout.engine.url: "),
         ([stage, {**stage, "name": "b", "rollout": {"mode": "async"}}],
          "stages.1.behavior_importance: rollout.max_lag 1"),
-        ([dpo], "stages.0.rollout: only a GRPO stage"),
+        ([dpo], "stages.0.rollout: only a GRPO or PPO stage"),
     ]  # fmt: skip
     for stages, message in cases:
         path = tmp_path / "chain.json"

@@ -1,4 +1,4 @@
-"""Put an asynchronous rollout (``rollout.mode: async``) in place of a GRPO trainer's own.
+"""Put an asynchronous rollout (``rollout.mode: async``) in place of a GRPO or PPO trainer's own.
 
 ``dew train grpo`` (``dew.recipes.train``) and a GRPO stage of ``dew chain``
 (``dew.recipes.chain``) build a ``Trainer`` whose rollout is a ``SampledRollout``: it samples
@@ -13,6 +13,12 @@ A run on tool episodes (``source: {kind: environment}``) builds an ``EpisodeRoll
 instead; ``attach`` then hands the scheduler its environment factory, verifier, context
 budget and turns (``episodes``), so an ``EnvironmentSource`` runs the episodes on the engine,
 and its ``record`` (``EpisodeLog``) gets each training batch's sessions.
+
+A PPO trainer's rollout is a ``PPORollout`` around such a sampler (prompts or episodes). The
+scheduler then takes the sampler's place inside it (``SessionRewards`` adds the per-session
+``rewards`` GAE needs), so the critic's values and the GAE targets are still computed on
+each drawn batch with the current critic; the engine serves, and the scheduler rescores
+with, the policy half of the variables (``PPOObjective.policy_variables``).
 
 Everything ``attach`` opens (the engine, the reward workers, the scheduler's journal) is
 closed by the caller's ``contextlib.ExitStack``: on a normal end, an error or Ctrl-C.
@@ -68,9 +74,13 @@ def attach(
     import jax
 
     build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
-    drawn = trainer.rollout
-    objective = getattr(drawn, "objective", trainer.objective)  # EpisodeRollout has none
-    params = jax.device_get(trainer.initial_state().params)
+    ppo = _ppo(trainer)
+    drawn = trainer.rollout if ppo is None else ppo.episodes
+    # the objective the scheduler rescores with: PPO's policy half (with its behaviour
+    # correction), else the sampler's (an EpisodeRollout has none: the trainer's)
+    objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
+        ppo.objective.policy_objective  # fmt: skip
+    params = _policy_half(trainer, jax.device_get(trainer.initial_state().params))
     scheduler = build(
         objective=objective, model=objective.model, params=params,
         rollout=config, width=objective.width, rows=batch * drawn.groups, groups=drawn.groups,
@@ -78,8 +88,52 @@ def attach(
         eos_ids=_eos_ids(drawn.sampling), estimator=drawn.estimator, seed=seed,
         run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress, **_source(drawn),
     )  # fmt: skip
-    trainer.rollout = scheduler
+    if ppo is None:
+        trainer.rollout = scheduler
+    else:
+        ppo.episodes = SessionRewards(scheduler)
     return scheduler.tasks(data)
+
+
+def _ppo(trainer: Any) -> Any:
+    """The trainer's ``PPORollout``, or None for a GRPO trainer."""
+    from dew.rollouts.ppo import PPORollout
+
+    return trainer.rollout if isinstance(trainer.rollout, PPORollout) else None
+
+
+def _policy_half(trainer: Any, variables: Any) -> Any:
+    """What the engine serves of the trainer's ``variables``: a PPO trainer's policy half."""
+    ppo = _ppo(trainer)
+    return variables if ppo is None else ppo.objective.policy_variables(variables)
+
+
+def _scheduler(trainer: Any) -> Any:
+    """The scheduler ``attach`` put in ``trainer``."""
+    ppo = _ppo(trainer)
+    return trainer.rollout if ppo is None else ppo.episodes.scheduler
+
+
+class SessionRewards:
+    """A ``PPORollout``'s sampler drawing from an asynchronous ``scheduler``: its batches
+    with ``rewards``, ``[S]`` float32, the reward of each admitted session (``0`` when it
+    has none) in the order the batch's ``session_index`` counts them."""
+
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def at_step(self, step: int, updates: int) -> None:
+        self.scheduler.at_step(step, updates)
+
+    def __call__(self, variables: Any, batch: Any, key: Any = None) -> dict[str, Any]:
+        import numpy as np
+
+        out = dict(self.scheduler(variables, batch, key))
+        sessions = self.scheduler.last_sessions
+        out["rewards"] = np.asarray(
+            [0.0 if s.reward is None else float(s.reward) for s in sessions], np.float32
+        )
+        return out
 
 
 def _source(drawn: Any) -> dict[str, Any]:
@@ -101,21 +155,21 @@ def finish(trainer: Any, state: Any, run_dir: str | os.PathLike[str]) -> None:
     import jax
 
     end = load_plugin("finish_rollout", "rollout.mode", "dew-rollout")
-    params = jax.device_get(state.params)
-    end(trainer.rollout, params, int(jax.device_get(state.updates)), os.fspath(run_dir))
+    params = _policy_half(trainer, jax.device_get(state.params))
+    end(_scheduler(trainer), params, int(jax.device_get(state.updates)), os.fspath(run_dir))
 
 
 def stage_rollout(spec: Any, data: Any, where: str) -> RolloutConfig:
     """The checked ``rollout`` key of a ``dew chain`` stage ``spec`` (errors name
-    ``where.rollout.<key>``): a GRPO stage's only, and in ``mode: async`` with a lag it
-    needs the stage's ``behavior_importance``."""
+    ``where.rollout.<key>``): a GRPO or PPO stage's only (on prompts or tool episodes), and
+    in ``mode: async`` with a lag it needs the stage's ``behavior_importance``."""
     from dew.data.prompts import Prompts
 
     config = rollout_config(spec.get("rollout"), f"{where}.rollout")
-    if not isinstance(data, Prompts):
+    if not isinstance(data, Prompts) and spec.get("source") is None:
         raise ConfigError(
-            f"{where}.rollout: only a GRPO stage (data type Prompts) takes it, this stage's "
-            f"data is {type(data).__name__}"
+            f"{where}.rollout: only a GRPO or PPO stage (data type Prompts, or an environment "
+            f"source) takes it, this stage's data is {type(data).__name__}"
         )
     if config.is_async and config.max_lag and spec.get("behavior_importance") is None:
         raise ConfigError(
@@ -126,4 +180,4 @@ def stage_rollout(spec: Any, data: Any, where: str) -> RolloutConfig:
     return config
 
 
-__all__ = ["attach", "finish", "stage_rollout"]
+__all__ = ["SessionRewards", "attach", "finish", "stage_rollout"]

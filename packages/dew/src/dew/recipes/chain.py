@@ -24,8 +24,9 @@ GRPO stages take the sampling keys (``groups``, ``max_new_tokens``, ``sample`` t
 ``temperature``, ``eos_id``, ``decode`` ids -> the reward's text, ``estimator``) and GRPO's
 loss keys (``dew.recipes.stages.GRPOLoss``, shared with ``dew train grpo``; ``build_stage``
 turns a stage into its objective and rollout); unset, they keep ``SampledRollout``'s and
-``GRPOObjective``'s defaults. A GRPO stage's ``rollout`` (``dew.recipes.rollout_config``)
-with ``mode: async`` draws its batches ahead of the update. A stage with an environment
+``GRPOObjective``'s defaults. A GRPO or PPO stage's ``rollout``
+(``dew.recipes.rollout_config``) with ``mode: async`` draws its batches (prompts or tool
+episodes) ahead of the update (``dew.recipes.async_run``). A stage with an environment
 ``source`` (a ``dew.recipes.source_config.SourceConfig``, no data) trains GRPO or PPO on
 tool episodes as ``dew train`` does (``dew.recipes.environment_run.episode_parts``). A
 ``dew.recipes.flow_stage.FlowStage`` runs ``dew-flow``'s Flow-GRPO on its own image model.
@@ -77,8 +78,8 @@ class Stage(GRPOLoss):
       decode: GRPO ``decode(ids) -> str`` giving the reward's completion text (None: ids
         separated by spaces).
       estimator: GRPO's advantage estimator, ``"group"`` (default), ``"mean"`` or ``"rloo"``.
-      rollout: GRPO's ``dew.recipes.rollout_config.RolloutConfig`` (None: ``mode: sync``,
-        the trainer samples each batch itself); ``mode: async`` draws batches ahead with
+      rollout: GRPO's or PPO's ``dew.recipes.rollout_config.RolloutConfig`` (None:
+        ``mode: sync``, the trainer samples each batch itself); ``mode: async`` draws batches ahead with
         ``dew-rollout``'s ``RolloutScheduler`` (``dew.recipes.async_run``).
       kind: the stage's objective, ``"lm"``, ``"sft"``, ``"dpo"``, ``"grpo"`` or ``"ppo"``;
         None (the default) infers it from the dataset (``sft``, ``dpo``, ``grpo``). The
@@ -316,10 +317,12 @@ class Recipe:
             from dew.recipes.environment_run import episode_parts
 
             chosen = stage.ppo_options() if kind == "ppo" else grpo
+            asynchronous = stage.rollout is not None and stage.rollout.is_async
             parts = episode_parts(stage.source, self.model, chosen, pretrained=start,
                                   batch=self.batch, seed=_seed(self.key, index),
                                   progress=self.progress, kind=kind,
-                                  where=f"Stage.source ({stage.name})")  # fmt: skip
+                                  where=f"Stage.source ({stage.name})",
+                                  asynchronous=asynchronous)  # fmt: skip
             return parts["objective"], parts["rollout"], parts["data"], parts["start"]
         if stage.kind == "dpo":
             options = {"beta": stage.beta, "nll_weight": stage.nll_weight}

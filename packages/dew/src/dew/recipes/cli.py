@@ -283,7 +283,6 @@ def _stage(config: Mapping[str, Any], spec: Any, where: str, at: tuple[Path, Pat
         from dew.recipes.environment_run import episode_source
 
         episode_source(source, f"{where}.source")  # the worker's keys and the verifier
-        spec.pop("rollout", None)  # mode sync, checked
     opt = optimizer_config(
         _merge(config.get("optimizer"), spec.pop("optimizer", None), f"{where}.optimizer"),
         f"{where}.optimizer",

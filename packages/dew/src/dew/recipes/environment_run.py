@@ -18,7 +18,7 @@
   finished episode (``step``, ``task``, ``sample``, ``status``, ``turns``, ``reward``,
   ``detail``; an episode replayed from the journal after a crash is written again).
 
-With ``rollout.mode: async`` (grpo) ``dew.recipes.async_run.attach`` hands the
+With ``rollout.mode: async`` (grpo or ppo) ``dew.recipes.async_run.attach`` hands the
 ``EpisodeRollout``'s environment, verifier and budgets to ``dew-rollout``'s scheduler, which
 runs the episodes on its engine one batch ahead of the update; ``EpisodeLog.batch`` then
 writes ``episodes.jsonl`` (with each episode's ``version`` and ``lag``), and the scheduler's

@@ -30,8 +30,8 @@ function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Ep
 
 With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
 ``objective.reward`` (the verifier scores) and needs ``objective.eos_id`` (the id that ends
-a turn). ``dew train grpo`` with ``rollout.mode: async`` draws the episodes one batch ahead
-through ``dew-rollout``'s scheduler on the native engine (``rollout.engine.kind`` ``vllm`` or
+a turn). ``dew train grpo`` or ``ppo`` (or a chain stage) with ``rollout.mode: async``
+draws the episodes one batch ahead through ``dew-rollout``'s scheduler on the native engine (``rollout.engine.kind`` ``vllm`` or
 ``sglang`` is refused: their servers are not wired to tool episodes); its journal
 ``RUN_DIR/rollout-journal`` then makes resumes exact, and ``journal`` is not read.
 
@@ -205,8 +205,8 @@ def stage_source(spec: Mapping[str, Any], where: str, base: str | os.PathLike[st
 
 def check_source_stage(stage: Any) -> None:
     """Refuse a ``dew.recipes.chain.Stage`` with an environment ``source`` that has a dataset
-    or a reward (the tasks are its data, the verifier scores), no ``eos_id`` (it ends a
-    turn) or an asynchronous rollout (episodes are collected in the trainer).
+    or a reward (the tasks are its data, the verifier scores) or no ``eos_id`` (it ends a
+    turn).
 
     Raises:
       TypeError: ``stage.source`` is no ``SourceConfig`` of kind environment.
@@ -225,9 +225,6 @@ def check_source_stage(stage: Any) -> None:
     if stage.eos_id is None:
         raise ValueError(f"Stage.eos_id ({name}): required with an environment source (the "
                          "id that ends a turn), missing")  # fmt: skip
-    if stage.rollout is not None and stage.rollout.is_async:
-        raise ValueError(f"Stage.rollout ({name}): an environment source collects episodes in "
-                         "the trainer (mode sync)")  # fmt: skip
 
 
 def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
@@ -248,9 +245,6 @@ def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
     rollout = mapping.get("rollout") or {}
     if not isinstance(rollout, Mapping):  # rollout_config names it
         return
-    if stage and rollout.get("mode", "sync") != "sync":
-        raise ConfigError(f"rollout.mode: a chain stage collects environment episodes in the "
-                          f"trainer (mode sync); got {rollout.get('mode')!r}")  # fmt: skip
     engine = rollout.get("engine")
     kind = engine.get("kind", "native") if isinstance(engine, Mapping) else "native"
     if rollout.get("mode") == "async" and kind != "native":

@@ -10,8 +10,8 @@ a kind of ``ASYNC_KINDS`` an eighth, ``rollout`` (``dew.recipes.rollout_config``
     schedule:  {kind: cosine, warmup_steps: 100}           dew.recipes.builder.ScheduleConfig
     data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
     objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
-    rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo) RolloutConfig
-    source:    {kind: environment, command: [...], tasks: 100}   (grpo) SourceConfig
+    rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo, ppo) RolloutConfig
+    source:    {kind: environment, command: [...], tasks: 100}   (grpo, ppo) SourceConfig
 
 A ``source`` of kind ``environment`` (``dew.recipes.source_config``) replaces the ``data``
 section: the run trains on tool episodes against a worker process; one of kind ``harbor``
@@ -49,8 +49,8 @@ from dew.recipes.stages import GRPOLoss
 KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 #: The kinds that sample completions of prompts and score them with a reward.
 RL_KINDS = ("grpo", "ppo")
-#: The kinds whose batches a ``rollout`` section may draw ahead (PPO samples in the trainer).
-ASYNC_KINDS = ("grpo",)
+#: The kinds whose batches a ``rollout`` section may draw ahead (``dew.recipes.async_run``).
+ASYNC_KINDS = ("grpo", "ppo")
 SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout",
             "source")  # fmt: skip
 
@@ -307,7 +307,7 @@ def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutCo
     if kind not in ASYNC_KINDS:
         if mapping.get("rollout") is not None:
             raise ConfigError(
-                f"rollout: only {', '.join('dew train ' + k for k in ASYNC_KINDS)} takes it, "
+                f"rollout: only {' and '.join('dew train ' + k for k in ASYNC_KINDS)} take it, "
                 f"not 'dew train {kind}'"
             )
         return None

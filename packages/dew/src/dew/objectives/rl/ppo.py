@@ -188,6 +188,13 @@ class PPOObjective:
         """Row width of the batches this objective trains on (``seq_len + 1``)."""
         return self.seq_len + 1
 
+    @property
+    def policy_objective(self) -> Any:
+        """The ``GRPOObjective`` of the policy half (the same model, width, temperature and
+        behaviour correction), whose methods take the policy's own variables
+        (``policy_variables``): what a sampler or an asynchronous scheduler rescores with."""
+        return self._policy
+
     # ------------------------------------------------------------------ variables
 
     def init(self, key: jax.Array) -> dict[str, Any]:
