@@ -234,7 +234,7 @@ class FakeVLLM(FakeEngine):
             "finish_reason": finish,
             "stop_reason": stop,
             "token_ids": None,
-            "prompt_logprobs": None,
+            "prompt_logprobs": self._prompt_logprobs(body),
             "prompt_token_ids": None,
             "routed_experts": self._routed(len(body["prompt"]) + len(ids) - 1),
         }
@@ -251,6 +251,18 @@ class FakeVLLM(FakeEngine):
             "choices": [choice],
             "usage": usage,
         }
+
+    @staticmethod
+    def _prompt_logprobs(body: dict[str, Any]) -> list[Any] | None:
+        """With ``prompt_logprobs: k`` in the request: None for the first prompt id, then,
+        for each later one, a mapping from its id (a string key in JSON) to a ``Logprob``
+        (``logprob``, ``rank``, ``decoded_token``), as vLLM answers (a fixed -1.0 here)."""
+        if body.get("prompt_logprobs") is None:
+            return None
+        return [None] + [
+            {str(t): {"logprob": -1.0, "rank": 1, "decoded_token": f"token_id:{t}"}}
+            for t in body["prompt"][1:]
+        ]
 
     def generate(self, body: dict[str, Any], query: dict[str, str]) -> tuple[int, Any]:
         params = body["sampling_params"]
@@ -299,9 +311,14 @@ class FakeSGLang(FakeEngine):
         super().__init__(port)
         self.vocab = vocab
         self.loads: list[dict[str, Any]] = []
+        # /v1/models: SGLang's ``ModelList`` of one ``ModelCard`` (``id`` the served name,
+        # ``owned_by`` "sglang", ``root`` the model path, ``max_model_len``)
+        card = {"id": "policy", "object": "model", "created": 0, "owned_by": "sglang",
+                "root": "policy", "max_model_len": 4096}  # fmt: skip
         self.routes.update(
             {
                 "/v1/completions": self.completions,
+                "/v1/models": lambda b, q: (200, {"object": "list", "data": [card]}),
                 "/update_weights_from_disk": self.update_weights_from_disk,
             }
         )

@@ -267,9 +267,6 @@ def test_bad_source_keys_are_one_line_errors(worker, tmp_path, capsys, source, e
         ("objective", {"reward": "math", "eos_id": 1}, "objective.reward: source.kind "
                                                        "environment scores episodes"),
         ("objective", {"groups": 4}, "objective.eos_id: required with source.kind environment"),
-        ("rollout", {"mode": "async", "engine": {"kind": "vllm", "url": "http://127.0.0.1:9"}},
-         "rollout.engine.kind: source.kind environment draws its episodes from the native "
-         "engine, got 'vllm'"),
         ("model", {**MODEL, "vocab_size": None}, "model.vocab_size: required with source.kind "
                                                  "environment"),
     ],

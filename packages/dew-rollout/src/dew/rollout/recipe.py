@@ -9,7 +9,7 @@ calls it with what the config resolved to. It builds, closing each through ``sta
   ``sglang``, ``dew.rollout.engines.engine_server`` (a running server at ``url``, or one
   started from ``launch``, its weights pushed by ``publish``);
 - a ``PromptSource`` scoring each finished completion with the reward or, for tool episodes
-  (``source: {kind: environment}``, the native engine only), an ``EnvironmentSource``: each
+  (``source: {kind: environment}``, on any of the engines), an ``EnvironmentSource``: each
   episode's turns are separate requests to the engine, its worker comes from
   ``environment(identity)`` and ``verifier(episode)`` scores it (the tasks are the batch's
   ``task_id`` rows; ``record(line, sessions)`` gets each training batch's record and
@@ -139,18 +139,13 @@ def build_scheduler(
       episodes: tool episodes instead of prompts, a mapping of ``environment`` (an
         ``EpisodeId`` -> environment, the tool-episode protocol), ``verifier`` (an
         ``Episode`` -> float), ``max_prompt_tokens`` (P) and ``max_turns`` (K); the batches
-        then hold integer ``task_id`` rows. The native engine only.
+        then hold integer ``task_id`` rows. Every turn is one token-in, token-out draw
+        from the engine, whichever it is (native, vLLM or SGLang).
       record: called after each training batch with its ``rollout.jsonl`` line (a dict) and
         the batch's admitted ``Session`` list (``scheduler.last_sessions``).
-
-    Raises:
-      ValueError: ``episodes`` with another engine than ``native``.
     """
     if episodes is not None:
         episodes = {k: episodes[k] for k in EPISODE_KEYS}
-    if episodes is not None and rollout.engine.kind != "native":
-        raise ValueError(f"rollout.engine.kind: tool episodes draw from the native engine, "
-                         f"got {rollout.engine.kind!r}")  # fmt: skip
     server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack)
     in_flight = rows // groups * (groups + rollout.oversample) * (rollout.ahead + 1)
     source = _source(server, reward, decode, episodes, max_new_tokens, in_flight)

@@ -31,8 +31,8 @@ function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Ep
 With ``kind: environment`` a config has no ``data`` section (the tasks are the data), no
 ``objective.reward`` (the verifier scores) and needs ``objective.eos_id`` (the id that ends
 a turn). ``dew train grpo`` or ``ppo`` (or a chain stage) with ``rollout.mode: async``
-draws the episodes one batch ahead through ``dew-rollout``'s scheduler on the native engine (``rollout.engine.kind`` ``vllm`` or
-``sglang`` is refused: their servers are not wired to tool episodes); its journal
+draws the episodes one batch ahead through ``dew-rollout``'s scheduler, each turn a
+token-in, token-out draw from its engine (native, vLLM or SGLang); its journal
 ``RUN_DIR/rollout-journal`` then makes resumes exact, and ``journal`` is not read.
 
 ``kind: harbor`` trains on agent trials run by Harbor behind a recording gateway; its keys and
@@ -242,14 +242,6 @@ def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
         if objective.get("eos_id") is None:
             raise ConfigError(f"{prefix}eos_id: required with source.kind environment (the "
                               "id that ends a turn), missing")  # fmt: skip
-    rollout = mapping.get("rollout") or {}
-    if not isinstance(rollout, Mapping):  # rollout_config names it
-        return
-    engine = rollout.get("engine")
-    kind = engine.get("kind", "native") if isinstance(engine, Mapping) else "native"
-    if rollout.get("mode") == "async" and kind != "native":
-        raise ConfigError(f"rollout.engine.kind: source.kind environment draws its episodes "
-                          f"from the native engine, got {kind!r}")  # fmt: skip
 
 
 __all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SOURCE_TRAINERS", "SourceConfig",
