@@ -66,11 +66,12 @@ def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, see
 
 
 def _records(
-    run_dir: str, stack: contextlib.ExitStack, sessions: Callable[[], Any] | None = None,
+    run_dir: str, stack: contextlib.ExitStack, scheduler: Any = None,
     record: Callable[[dict[str, Any], Any], None] | None = None,
 ) -> Callable[[SchedulerRecord], None]:  # fmt: skip
-    """A scheduler ``record`` callback appending each line to ``RUN_DIR/rollout.jsonl``; with
-    ``record``, also handing it the line and ``sessions()`` (the batch's admitted sessions)."""
+    """A scheduler ``log`` callback appending each line to ``RUN_DIR/rollout.jsonl``; with
+    ``record``, also handing it the line and the batch's admitted sessions
+    (``scheduler.last_sessions``, set before the scheduler logs the batch)."""
     os.makedirs(run_dir, exist_ok=True)
     out = stack.enter_context(open(os.path.join(run_dir, RECORDS), "a", encoding="utf-8"))
 
@@ -79,7 +80,7 @@ def _records(
         out.write(json.dumps(entry, sort_keys=True) + "\n")
         out.flush()
         if record is not None:
-            record(entry, None if sessions is None else sessions())
+            record(entry, scheduler.last_sessions)
 
     return log
 
@@ -150,17 +151,16 @@ def build_scheduler(
     in_flight = rows // groups * (groups + rollout.oversample) * (rollout.ahead + 1)
     source = _source(server, reward, decode, episodes, max_new_tokens, in_flight)
     stack.callback(source.close)
-    scheduler: RolloutScheduler | None = None
-    log = _records(run_dir, stack, lambda: scheduler.last_sessions if scheduler else [], record)
     scheduler = RolloutScheduler(
         objective, source, server, width=width, rows=rows,
         tasks=prompt_tasks if episodes is None else task_ids, groups=groups,
         max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
         max_attempts=rollout.max_attempts, timeout=rollout.timeout,
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
-        estimator=estimator, eos_ids=eos_ids, seed=seed, log=log,
+        estimator=estimator, eos_ids=eos_ids, seed=seed,
         journal=os.path.join(run_dir, JOURNAL), progress=progress,
     )  # fmt: skip
+    scheduler.log = _records(run_dir, stack, scheduler, record)
     stack.callback(scheduler.close)
     return scheduler
 
