@@ -147,6 +147,20 @@ def token_mean_total(
     return jnp.sum(select(x, keep)), jnp.sum(keep).astype(x.dtype)
 
 
+def _present_groups(
+    x: jax.Array, mask: jax.Array, group_ids: jax.Array | None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(sums, counts, present)`` per group id (``group_sums``), ``present`` the groups with a
+    kept position; a missing ``group_ids`` is refused."""
+    if group_ids is None:
+        raise ValueError(
+            "group_ids: expected [B, T] integer ids of the sessions to aggregate over "
+            "(the GRPO objective passes the batch's session_index), got None"
+        )
+    sums, counts = group_sums(x, mask, group_ids)
+    return sums, counts, counts > 0
+
+
 def session_mean_total(
     x: jax.Array, mask: jax.Array, group_ids: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:
@@ -155,13 +169,7 @@ def session_mean_total(
     A group's mean is its kept sum over its kept count + 1e-8 (that constant added in
     ``x``'s dtype). ``group_ids`` is required.
     """
-    if group_ids is None:
-        raise ValueError(
-            "group_ids: expected [B, T] integer ids of the groups to average over "
-            "(the GRPO objective passes the batch's session_index), got None"
-        )
-    sums, counts = group_sums(x, mask, group_ids)
-    present = counts > 0
+    sums, counts, present = _present_groups(x, mask, group_ids)
     means = sums / (counts.astype(x.dtype) + jnp.asarray(COUNT_EPS, x.dtype))
     return jnp.sum(jnp.where(present, means, 0.0)), jnp.sum(present).astype(x.dtype)
 
@@ -171,13 +179,7 @@ def session_sum_total(
 ) -> tuple[jax.Array, jax.Array]:
     """``(kept sum, number of groups with a kept position)`` in ``x``'s dtype: the mean over
     groups of each group's token sum. ``group_ids`` is required."""
-    if group_ids is None:
-        raise ValueError(
-            "group_ids: expected [B, T] integer ids of the sequences to sum over "
-            "(the GRPO objective passes the batch's session_index), got None"
-        )
-    sums, counts = group_sums(x, mask, group_ids)
-    present = counts > 0
+    sums, _, present = _present_groups(x, mask, group_ids)
     return jnp.sum(jnp.where(present, sums, 0.0)), jnp.sum(present).astype(x.dtype)
 
 
