@@ -10,6 +10,7 @@ import json
 import os
 import re
 import struct
+import time
 
 import jax
 import numpy as np
@@ -224,12 +225,25 @@ def test_wandb_offline_run(tmp_path, monkeypatch):
     tracker.write({"step": 1, "loss": 0.5, "val/perplexity": 2.0})
     tracker.write({"step": 2, "loss": 0.25})
     tracker.close()
+    from google.protobuf.message import DecodeError
+
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     assert tracker.run_id in run_file
-    rows = [{k: v for k, v in r.items() if not k.startswith("_") or k == "_step"}
-            for r in read_wandb_history(run_file)]  # fmt: skip
-    assert rows == [{"_step": "1", "loss": "0.5", "val/perplexity": "2"},
-                    {"_step": "2", "loss": "0.25"}]  # fmt: skip
+    expected = [{"_step": "1", "loss": "0.5", "val/perplexity": "2"},
+                {"_step": "2", "loss": "0.25"}]  # fmt: skip
+    # the file is written by wandb's service process, which on a loaded machine may still
+    # be appending the history after finish() returned: read until both rows are there
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            rows = [{k: v for k, v in r.items() if not k.startswith("_") or k == "_step"}
+                    for r in read_wandb_history(run_file)]  # fmt: skip
+        except (DecodeError, struct.error):  # a record still being written
+            rows = []
+        if len(rows) >= len(expected) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert rows == expected
     assert open(tmp_path / "wandb_run_id").read() == tracker.run_id
 
 
