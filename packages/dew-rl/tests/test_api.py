@@ -44,7 +44,11 @@ EXTRA_NAMES = {
     "ragged_group_advantage",
     "policy_loss",
     "group_sums",
+    "kl_reward",
+    "overlong_penalty",
 }
+#: Host arithmetic on Python floats (the adaptive KL controller's update): no arrays, no jit.
+HOST_NAMES = {"adaptive_kl_coefficient"}
 #: The registry's functions: they take and return names and functions, not arrays.
 REGISTRY_NAMES = {
     "registered",
@@ -59,7 +63,7 @@ RNG = np.random.default_rng(1)
 
 
 def test_all_lists_every_function_and_group_eps() -> None:
-    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES | {
+    assert set(rl.__all__) == SPEC_NAMES | EXTRA_NAMES | REGISTRY_NAMES | HOST_NAMES | {
         "GROUP_EPS",
         "KL_ESTIMATORS",
     }
@@ -116,6 +120,10 @@ def _calls(dtype):
         "k2_kl": lambda: rl.k2_kl(a, b),
         "abs_kl": lambda: rl.abs_kl(a, b),
         "kl_penalty": lambda: rl.kl_penalty(a, b, "mse"),
+        "kl_reward": lambda: rl.kl_reward(a, rl.k1_kl(b, c), m, 0.1),
+        "overlong_penalty": lambda: rl.overlong_penalty(
+            jnp.asarray([1, 5, 7, 8], dtype), 8, 4, 1.0
+        ),
         "k3_kl": lambda: rl.k3_kl(a, b),
         "masked_mean": lambda: rl.masked_mean(a, m),
         "masked_whiten": lambda: rl.masked_whiten(a, m),

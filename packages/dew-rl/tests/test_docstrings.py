@@ -99,6 +99,7 @@ LAYOUT = {
     "dew.rl._value_loss": {"clipped_value_loss_terms"},
     "dew.rl._kl": {"k1_kl", "abs_kl", "k2_kl", "k3_kl", "kl_penalty"},
     "dew.rl._entropy": {"token_entropy"},
+    "dew.rl._reward_shaping": {"kl_reward", "adaptive_kl_coefficient", "overlong_penalty"},
     "dew.rl._reductions": {
         "token_mean",
         "masked_mean",

@@ -25,6 +25,9 @@ Signatures of the functions beyond the core GRPO/PPO/DPO set::
     abs_kl(log_probs, ref_log_probs) -> [B, T]
     k2_kl(log_probs, ref_log_probs) -> [B, T]
     kl_penalty(log_probs, ref_log_probs, estimator="low_var_kl") -> [B, T]  # by verl's name
+    kl_reward(token_scores, kl, mask, beta) -> ([B, T], scalar)  # KL in the reward
+    adaptive_kl_coefficient(coefficient, current_kl, n_steps, target, horizon) -> float
+    overlong_penalty(lengths, max_length, buffer, penalty_factor) -> [B]  # DAPO
     token_entropy(logits) -> logits.shape[:-1]
     icepop_weights(old_log_probs, behavior_log_probs, mask, low, high) -> [B, T]
     token_rejection_mask(old_log_probs, behavior_log_probs, mask, low, high) -> [B, T]
@@ -56,6 +59,8 @@ here; import them from ``dew.rl``, never from the modules::
                   gradient: GRPO/PPO's actor loss at one pass over [B, T], from the
                   same _token_terms pieces)
     _entropy      token_entropy
+    _reward_shaping  kl_reward, adaptive_kl_coefficient, overlong_penalty (rewards shaped
+                  before the advantage; takes a per-token KL, so it needs no _kl)
     _reductions   token_mean, masked_mean, sequence_mean, sequence_sum_mean,
                   sequence_sum_norm, segment_mean, group_sums
     _corrections  behavior_importance_weights, icepop_weights, token_rejection_mask,
@@ -109,12 +114,14 @@ from dew.rl._registry import (
     register_policy_loss,
     registered,
 )
+from dew.rl._reward_shaping import adaptive_kl_coefficient, kl_reward, overlong_penalty
 from dew.rl._value_loss import clipped_value_loss_terms
 
 __all__ = [
     "GROUP_EPS",
     "KL_ESTIMATORS",
     "abs_kl",
+    "adaptive_kl_coefficient",
     "behavior_importance_weights",
     "cispo_terms",
     "clipped_surrogate",
@@ -131,8 +138,10 @@ __all__ = [
     "k2_kl",
     "k3_kl",
     "kl_penalty",
+    "kl_reward",
     "masked_mean",
     "masked_whiten",
+    "overlong_penalty",
     "policy_loss",
     "preference_logsigmoid",
     "ragged_group_advantage",
