@@ -41,6 +41,17 @@ def _count_tokens(batch: Mapping[str, Any], fields: tuple[str, ...]) -> int:
     return int(np.shape(first)[0]) if np.ndim(first) else 1
 
 
+def rollout_extra(rollout: Any) -> dict[str, Any]:
+    """``{"rollout": state}`` for a rollout with a ``state_dict`` that holds something, else {}.
+
+    A stateful rollout (a KL controller's coefficient, ``dew.rollouts.shaping``) returns a
+    JSON-ready mapping; the checkpoint keeps it beside the step and hands it back on resume
+    (``Trainer._starting_state``)."""
+    state_dict = getattr(rollout, "state_dict", None)
+    state = state_dict() if callable(state_dict) else None
+    return {"rollout": state} if state else {}
+
+
 @dataclasses.dataclass
 class FitRun:
     """What one ``Trainer.fit`` call changes as it goes: the state, the data position, the step
@@ -83,7 +94,10 @@ class FitRun:
             step=number,
             position=self.position,
             keep=self.trainer.keep_checkpoints,
-            extra={"updates": int(jax.device_get(self.state.updates))},
+            extra={
+                "updates": int(jax.device_get(self.state.updates)),
+                **rollout_extra(self.trainer.rollout),
+            },
         )
         self.last_saved = number
 
@@ -157,5 +171,6 @@ class FitRun:
         lr = self.trainer._learning_rate(self.state, number)
         if lr is not None:
             record["learning_rate"] = lr
+        record.update(getattr(self.trainer.rollout, "last_metrics", None) or {})
         record.update(val)
         self.progress.log(record)

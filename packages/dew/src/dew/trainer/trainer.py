@@ -288,6 +288,10 @@ class Trainer:
             if restored is not None:
                 state = ckpt.restore_into(state, self._shardings, restored)
                 position = restored.position
+                saved = restored.meta.get("extra", {}).get("rollout")
+                load = getattr(self.rollout, "load_state_dict", None)
+                if saved is not None and callable(load):
+                    load(saved)
         return state, position
 
     def _open_trackers(self, run_dir: str | None, start: int) -> list[Tracker]:
