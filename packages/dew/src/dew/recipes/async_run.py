@@ -73,13 +73,18 @@ def attach(
     """
     import jax
 
-    build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
     ppo = _ppo(trainer)
     drawn = trainer.rollout if ppo is None else ppo.episodes
     # the objective the scheduler rescores with: PPO's policy half (with its behaviour
     # correction), else the sampler's (an EpisodeRollout has none: the trainer's)
     objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
         ppo.objective.policy_objective  # fmt: skip
+    for key in ("overlong", "kl_in_reward"):  # applied by the trainer's own sampler only
+        if getattr(drawn, key, None) is not None:
+            name = "overlong_buffer" if key == "overlong" else key
+            raise ConfigError(f"{name}: {where}.mode async does not apply it (the scheduler "
+                              "draws the batches); expected mode: sync, or it unset")  # fmt: skip
+    build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
     params = _policy_half(trainer, jax.device_get(trainer.initial_state().params))
     scheduler = build(
         objective=objective, model=objective.model, params=params,

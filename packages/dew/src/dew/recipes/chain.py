@@ -21,14 +21,11 @@ directory already holds a checkpoint resumes from it, and a finished one restore
 training. The name only labels the directory; it never changes how data is read.
 
 GRPO stages take the sampling keys (``groups``, ``max_new_tokens``, ``sample`` the top-k,
-``temperature``, ``eos_id``, ``decode`` ids -> the reward's text, ``estimator``) and GRPO's
-loss keys (``dew.recipes.stages.GRPOLoss``, shared with ``dew train grpo``; ``build_stage``
-turns a stage into its objective and rollout); unset, they keep ``SampledRollout``'s and
-``GRPOObjective``'s defaults. A GRPO or PPO stage's ``rollout``
-(``dew.recipes.rollout_config``) with ``mode: async`` draws its batches (prompts or tool
-episodes) ahead of the update (``dew.recipes.async_run``). A stage with an environment
-``source`` (a ``dew.recipes.source_config.SourceConfig``, no data) trains GRPO or PPO on
-tool episodes as ``dew train`` does (``dew.recipes.environment_run.episode_parts``). A
+``temperature``, ``eos_id``, ``decode``, ``estimator``), GRPO's loss keys and the shaping
+keys, as ``dew train`` does (``build_stage``). A GRPO or PPO stage's ``rollout`` with
+``mode: async`` draws its batches (prompts or tool episodes) ahead of the update
+(``dew.recipes.async_run``). A stage with an environment ``source`` (no data) trains GRPO or
+PPO on tool episodes as ``dew train`` does (``dew.recipes.environment_run``). A
 ``dew.recipes.flow_stage.FlowStage`` runs ``dew-flow``'s Flow-GRPO on its own image model.
 """
 
@@ -52,12 +49,13 @@ from dew.data.tokens import TokenFile
 from dew.recipes.flow_stage import FlowStage
 from dew.recipes.ppo_stage import PPO_KEYS, checked_options
 from dew.recipes.rollout_config import RolloutConfig
+from dew.recipes.shaping_config import SHAPING_KEYS, RewardShapingOptions, shaping_parts
 from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
 from dew.sessions.advantages import check_estimator
 
 
 @dataclass(frozen=True)
-class Stage(GRPOLoss):
+class Stage(GRPOLoss, RewardShapingOptions):
     """One stage of a chain.
 
     Attributes:
@@ -96,8 +94,8 @@ class Stage(GRPOLoss):
         (or PPO, with ``kind="ppo"``) on tool episodes (``data`` and ``reward`` None,
         ``eos_id`` required); None: the data.
 
-    GRPO's loss options (``dew.recipes.stages.GRPOLoss``, as ``dew train grpo``'s
-    ``objective`` section) are keyword-only fields too.
+    GRPO's loss options (``dew.recipes.stages.GRPOLoss``) and the reward-shaping keys
+    (``dew.recipes.shaping_config``), as ``dew train``'s, are keyword-only fields too.
     """
 
     name: str
@@ -188,13 +186,15 @@ class Stage(GRPOLoss):
                 f"Stage.temperature ({self.name}): expected a finite number > 0, "
                 f"got {self.temperature!r}"
             )
-        for option in self.changed_loss_options():
+        for option in [*self.changed_loss_options(), *self.changed_shaping_options()]:
             if not samples:
                 raise ValueError(
                     f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage takes it, "
                     f"this stage's data is {type(self.data).__name__}"
                 )
         self.check_loss(lambda key: f"Stage.{key} ({self.name})")
+        label = lambda k: f"Stage.{k} ({self.name})"  # noqa: E731
+        shaping_parts(self.shaping_options(), label, self.max_new_tokens)
         if self.decode is not None and not callable(self.decode):
             raise TypeError(
                 f"Stage.decode ({self.name}): expected a callable ids -> str, "
@@ -222,7 +222,7 @@ class Stage(GRPOLoss):
         """The options ``build_stage("ppo", ...)`` takes from this stage (unset ones left out)."""
         given = {"beta": self.beta, "groups": self.groups, "max_new_tokens": self.max_new_tokens,
                  "temperature": self.temperature, "top_k": self.sample, "eos_id": self.eos_id,
-                 **{key: getattr(self, key) for key in (*PPO_ONLY, *LOSS_KEYS)
+                 **{key: getattr(self, key) for key in (*PPO_ONLY, *LOSS_KEYS, *SHAPING_KEYS)
                     if key in PPO_KEYS}}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None or k in ("dual_clip",)}
 
@@ -312,7 +312,7 @@ class Recipe:
         grpo = {"beta": stage.beta, "groups": stage.groups,
                 "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
                 "top_k": stage.sample, "eos_id": stage.eos_id, "estimator": stage.estimator,
-                **{key: getattr(stage, key) for key in LOSS_KEYS}}  # fmt: skip
+                **{key: getattr(stage, key) for key in (*LOSS_KEYS, *SHAPING_KEYS)}}  # fmt: skip
         if stage.source is not None:  # tool episodes (dew.recipes.environment_run)
             from dew.recipes.environment_run import episode_parts
 

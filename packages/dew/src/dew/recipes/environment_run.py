@@ -222,13 +222,18 @@ def episode_parts(
     ``dew chain`` both build here."""
     from dew.inference import TextGeneration
     from dew.objectives.rl import EpisodeRollout
+    from dew.recipes.shaping_config import KL_KEYS, SHAPING_KEYS, refuse_shaping
     from dew.recipes.stages import build_stage
     from dew.sampling import Sampling
 
+    # a tool episode has no one completion to cut short; PPO charges the KL per action
+    taken = KL_KEYS if kind == "ppo" else ()
+    refuse_shaping(options, lambda key: f"{key} ({where})", "tool episodes take only the KL "
+                   "keys, and only with kind ppo", tuple(k for k in SHAPING_KEYS if k not in taken))  # fmt: skip
     environment, verifier = episode_source(source, where)
     new = int(options.get("max_new_tokens", 16))
-    objective, _ = build_stage(kind, model, source.max_prompt_tokens + new, options,
-                               pretrained=pretrained, reward=_unused_reward)  # fmt: skip
+    objective, built = build_stage(kind, model, source.max_prompt_tokens + new, options,
+                                   pretrained=pretrained, reward=_unused_reward)  # fmt: skip
     log = EpisodeLog()
     temperature = options.get("temperature")
     sampling = Sampling(temperature=1.0 if temperature is None else float(temperature),
@@ -243,7 +248,7 @@ def episode_parts(
         from dew.objectives.rl import PPORollout
 
         discount = {key: options[key] for key in ("gamma", "lam") if options.get(key) is not None}
-        rollout = PPORollout(objective, episodes, **discount)
+        rollout = PPORollout(objective, episodes, **discount, kl_in_reward=built.kl_in_reward)
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)

@@ -33,6 +33,8 @@ Options (defaults are ``PPOObjective``'s and ``PPORollout``'s):
 ``dual_clip``,
 ``behavior_importance``
 ``critic_from_policy`` start the critic's decoder from the starting policy (True)
+shaping keys          KL in the reward (charged per action before GAE) and DAPO's
+                      overlong penalty (``dew.recipes.shaping_config``)
 ====================  ==================================================================
 """
 
@@ -45,10 +47,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dew.recipes.schema import ConfigError, check_value, positive
+from dew.recipes.shaping_config import RewardShapingOptions, shaping_parts
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class PPOOptions:
+class PPOOptions(RewardShapingOptions):
     """A PPO stage's options (see the module docstring); ``check(label)`` checks them."""
 
     beta: float = 0.0
@@ -94,6 +97,11 @@ class PPOOptions:
         except (TypeError, ValueError) as err:
             key, _, rest = str(err).partition(": ")
             raise ConfigError(f"{label(key)}: {rest}") from None
+        self.shaping(label)
+
+    def shaping(self, label: Callable[[str], str]) -> tuple[Any, Any]:
+        """``(Overlong or None, KLInReward or None)`` of the shaping keys, checked."""
+        return shaping_parts(self.shaping_options(), label, self.max_new_tokens)
 
 
 LOSS_KEYS = ("epsilon_low", "epsilon_high", "dual_clip", "behavior_importance", "kl_estimator",
@@ -179,10 +187,15 @@ def build_ppo(
     # the sampler sees the policy half only; it scores at the objective's temperature
     sampler = GRPOObjective(model, width - 1, sampling_temperature=temperature)
     sampling = Sampling(temperature=float(opts.temperature), top_k=opts.top_k, eos_id=opts.eos_id)
+    overlong, kl_in_reward = opts.shaping(lambda key: f"{where}.{key}")
+    if kl_in_reward is not None and pretrained is None:
+        raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
+                          "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
     episodes = SampledRollout(sampler, reward, groups=opts.groups,
                               max_new_tokens=opts.max_new_tokens, sampling=sampling,
-                              decode=decode, baseline=False)  # fmt: skip
-    return objective, PPORollout(objective, episodes, gamma=opts.gamma, lam=opts.lam)
+                              decode=decode, baseline=False, overlong=overlong)  # fmt: skip
+    return objective, PPORollout(objective, episodes, gamma=opts.gamma, lam=opts.lam,
+                                 kl_in_reward=kl_in_reward)  # fmt: skip
 
 
 __all__ = ["LOSS_KEYS", "PPO_KEYS", "PPOObjectiveConfig", "PPOOptions", "build_ppo",

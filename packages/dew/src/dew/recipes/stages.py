@@ -11,10 +11,12 @@ grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
            ``rloo``) and the loss keys of ``GRPOLoss`` (``policy_loss``, ``aggregation``,
            ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
-           ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``, ``loss_scale_factor``)
+           ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``,
+           ``loss_scale_factor``) and the reward-shaping keys
+           (``dew.recipes.shaping_config``: KL in the reward, DAPO's overlong penalty)
 ppo        ``dew.recipes.ppo_stage.PPO_KEYS``: GRPO's rollout keys (``groups`` defaults to
-           1), ``gamma``, ``lam``, ``value_coefficient``, ``value_clip``, the clip keys
-           and ``critic_from_policy`` (see ``dew.recipes.ppo_stage``)
+           1), ``gamma``, ``lam``, ``value_coefficient``, ``value_clip``, the clip keys,
+           ``critic_from_policy`` and the shaping keys (see ``dew.recipes.ppo_stage``)
 =========  =========================================================================
 
 The rollout corrections are tuple-valued: ``behavior_importance`` is a TIS cap (one number)
@@ -38,6 +40,7 @@ from typing import Any
 
 from dew.recipes.ppo_stage import PPO_KEYS, build_ppo
 from dew.recipes.schema import ConfigError, check_value, unknown_key
+from dew.recipes.shaping_config import SHAPING_KEYS, shaping_parts
 
 KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 DEFAULT_DPO_BETA = 0.1
@@ -108,7 +111,7 @@ OPTION_KEYS = {
     "lm": ("ema_decay",),
     "sft": ("all_tokens", "ema_decay"),
     "dpo": ("beta", "nll_weight"),
-    "grpo": ("beta", *ROLLOUT_KEYS, *LOSS_KEYS),
+    "grpo": ("beta", *ROLLOUT_KEYS, *LOSS_KEYS, *SHAPING_KEYS),
     "ppo": PPO_KEYS,
 }
 
@@ -178,6 +181,11 @@ def build_stage(
     loss = GRPOLoss(**{k: o[k] for k in LOSS_KEYS if k in o})
     loss.check_loss(lambda key: f"{where}.{key}")
     temperature = o.get("temperature")
+    max_new_tokens = o.get("max_new_tokens", 16)
+    overlong, kl_in_reward = shaping_parts(o, lambda key: f"{where}.{key}", max_new_tokens)
+    if kl_in_reward is not None and pretrained is None:
+        raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
+                          "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
     objective = GRPOObjective(
         model,
         width - 1,
@@ -190,7 +198,7 @@ def build_stage(
         objective,
         reward,
         groups=o.get("groups", 4),
-        max_new_tokens=o.get("max_new_tokens", 16),
+        max_new_tokens=max_new_tokens,
         sampling=Sampling(
             temperature=1.0 if temperature is None else float(temperature),
             top_k=o.get("top_k"),
@@ -198,6 +206,8 @@ def build_stage(
         ),
         decode=decode,
         estimator=estimator,
+        overlong=overlong,
+        kl_in_reward=kl_in_reward,
     )
     return objective, rollout
 

@@ -43,6 +43,7 @@ from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
 from dew.recipes.schema import ConfigError, directory_path, positive, section, unknown_key
+from dew.recipes.shaping_config import RewardShapingOptions, shaping_parts
 from dew.recipes.source_config import SourceConfig, source_section
 from dew.recipes.stages import GRPOLoss
 
@@ -191,7 +192,7 @@ class DPOObjectiveConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOObjectiveConfig(GRPOLoss):
+class GRPOObjectiveConfig(GRPOLoss, RewardShapingOptions):
     """The rollout and loss of GRPO: ``reward`` is ``math``, ``code`` (``dew-sandbox``'s fleet,
     set up by ``reward_args``) or ``module:object`` (a class is made with ``reward_args`` as
     keyword arguments), ``groups`` samples per prompt, ``beta`` the KL coefficient, ``estimator``
@@ -199,7 +200,8 @@ class GRPOObjectiveConfig(GRPOLoss):
     ``aggregation``, ``epsilon_low``, ``epsilon_high``, ``dual_clip``, ``behavior_importance``,
     ``sequence_mask``, ``geometric_mask``, ``kl_estimator``, ``entropy_coeff``,
     ``loss_scale_factor``) are
-    ``dew.recipes.stages.GRPOLoss``'s."""
+    ``dew.recipes.stages.GRPOLoss``'s, the reward-shaping keys
+    ``dew.recipes.shaping_config.RewardShapingOptions``'s."""
 
     reward: str = "math"
     reward_args: Any = None
@@ -223,6 +225,7 @@ class GRPOObjectiveConfig(GRPOLoss):
         positive(self.top_k, "objective.top_k")
         positive(self.eos_id, "objective.eos_id", allow_zero=True)
         self.check_loss(lambda key: f"objective.{key}")
+        shaping_parts(self.shaping_options(), lambda key: f"objective.{key}", self.max_new_tokens)
 
 
 DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData, "ppo": GRPOData}
@@ -318,6 +321,13 @@ def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutCo
             "train on older weights, which needs a correction: a TIS cap (a number such as "
             "2.0) or an IcePop band [low, high]"
         )
+    if config.is_async:  # the scheduler draws the batches: the sampler's shaping never runs
+        from dew.recipes.shaping_config import KL_KEYS, SHAPING_KEYS, refuse_shaping
+
+        # PPO charges the KL in its own rollout, after the scheduler's batch
+        keys = tuple(k for k in SHAPING_KEYS if kind == "grpo" or k not in KL_KEYS)
+        refuse_shaping(dataclasses.asdict(objective), lambda k: f"objective.{k}",
+                       "rollout.mode async does not apply it; expected mode: sync", keys)  # fmt: skip
     return config
 
 

@@ -44,8 +44,7 @@ import numpy as np
 
 from dew.checks import is_real
 from dew.rl import gae
-
-REQUIRED = ("response_mask", "session_index", "call_index", "text_positions")
+from dew.rollouts.actions import action_order
 
 
 class SingleActionError(ValueError):
@@ -64,40 +63,13 @@ def _gae(
     return gae(rewards, values, mask, gamma, lam)
 
 
-def _column(batch: Mapping[str, Any], name: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    if name not in batch:
-        raise KeyError(f"batch[{name!r}]: missing; episode GAE needs the packed {name}")
-    value = np.asarray(batch[name])
-    if value.ndim != 2 or (shape is not None and value.shape != shape):
-        want = "[B, W]" if shape is None else f"{shape} aligned with response_mask"
-        raise ValueError(f"batch[{name!r}]: expected {want}, got shape {value.shape}")
-    return value
-
-
-def action_order(batch: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every action cell of a packed batch, grouped by episode, in draw order.
-
-    Returns ``(rows, cols, episodes)``, 1-D arrays of equal length: the packed cell of each
-    action and its ``session_index``, sorted by episode, then ``call_index``, then position.
-    An action is a cell with ``response_mask > 0`` and ``session_index >= 0``.
-    """
-    mask = _column(batch, "response_mask", None)
-    shape = mask.shape
-    session = _column(batch, "session_index", shape)
-    call = _column(batch, "call_index", shape)
-    position = _column(batch, "text_positions", shape)
-    rows, cols = np.nonzero((mask > 0) & (session >= 0))
-    order = np.lexsort((position[rows, cols], call[rows, cols], session[rows, cols]))
-    rows, cols = rows[order], cols[order]
-    return rows, cols, session[rows, cols].astype(np.int64)
-
-
 def episode_targets(
     batch: Mapping[str, Any],
     values: Any,
     rewards: Any,
     gamma: float = 1.0,
     lam: float = 0.95,
+    token_rewards: Any = None,
 ) -> dict[str, np.ndarray]:
     """GAE advantages (whitened) and returns of packed episodes, shaped like the batch.
 
@@ -109,6 +81,8 @@ def episode_targets(
       rewards: ``[S]`` episode rewards, indexed by ``session_index``.
       gamma: discount per action.
       lam: GAE lambda.
+      token_rewards: optional ``[B, W]`` rewards added to each action's own (the KL charges
+        of ``dew.rollouts.shaping.KLInReward``, negated), verl's token-level rewards.
 
     Returns:
       ``{"advantages", "returns"}``, float32 ``[B, W]``, 0 off the actions.
@@ -158,6 +132,8 @@ def episode_targets(
     compact_values[line, slot] = values[rows, cols]
     compact_mask[line, slot] = True
     compact_rewards[np.arange(present.size), counts - 1] = rewards[present].astype(np.float32)
+    if token_rewards is not None:
+        compact_rewards[line, slot] += np.asarray(token_rewards, np.float32)[rows, cols]
     adv, ret = jax.device_get(
         _gae(
             jnp.asarray(compact_rewards),
@@ -183,9 +159,19 @@ class PPORollout:
         receives the policy subtree of the Trainer's snapshot.
       gamma: discount per action, in [0, 1].
       lam: GAE lambda, in [0, 1].
+      kl_in_reward: ``dew.rollouts.shaping.KLInReward``: each action's reward loses its KL
+        charge against the objective's starting policy before GAE (verl's
+        ``use_kl_in_reward``); needs ``objective.pretrained``.
     """
 
-    def __init__(self, objective: Any, episodes: Any, gamma: float = 1.0, lam: float = 0.95):
+    def __init__(
+        self,
+        objective: Any,
+        episodes: Any,
+        gamma: float = 1.0,
+        lam: float = 0.95,
+        kl_in_reward: Any = None,
+    ):
         for name in ("packed_values", "policy_variables"):
             if not callable(getattr(objective, name, None)):
                 raise TypeError(f"objective: expected a PPOObjective, it has no {name!r}")
@@ -211,6 +197,14 @@ class PPORollout:
         self.lam = float(lam)
         self._values = jax.jit(objective.packed_values)
         self.last_targets: dict[str, np.ndarray] = {}
+        self.last_metrics: dict[str, float] = {}
+        self.kl_in_reward = kl_in_reward
+        if kl_in_reward is not None:
+            from dew.rollouts.shaping import reference_of
+
+            self._reference = reference_of(objective)
+            self._log_probs = jax.jit(objective.packed_log_probs)
+            self._reference_log_probs = jax.jit(objective.policy_objective.packed_log_probs)
 
     def at_step(self, step: int, updates: int) -> None:
         """Pass the Trainer's clocks on to the episode collector."""
@@ -238,10 +232,43 @@ class PPORollout:
             # step that makes no update
             out["old_log_probs"] = np.zeros(trained.shape, np.float32)
         out["old_values"] = np.where(trained, values, 0.0).astype(np.float32)
-        targets = episode_targets(out, out["old_values"], out["rewards"], self.gamma, self.lam)
+        metrics = dict(getattr(self.episodes, "last_metrics", None) or {})
+        token_rewards = None
+        if self.kl_in_reward is not None and trained.any():
+            token_rewards = -self._kl_charges(variables, out, rows, metrics)
+        targets = episode_targets(out, out["old_values"], out["rewards"], self.gamma, self.lam,
+                                  token_rewards=token_rewards)  # fmt: skip
         out.update(targets)
         self.last_targets = {k: out[k] for k in ("old_values", "advantages", "returns")}
+        self.last_metrics = metrics
         return out
+
+    def _kl_charges(
+        self,
+        variables: Mapping[str, Any],
+        out: Mapping[str, Any],
+        rows: Mapping[str, Any],
+        metrics: dict[str, float],
+    ) -> np.ndarray:
+        """``[B, W]`` KL charges of the cohort's actions; steps the controller."""
+        shaping = self.kl_in_reward
+        log_probs = np.asarray(jax.device_get(self._log_probs(variables, rows)), np.float32)
+        reference = self._reference_log_probs(self._reference, rows)
+        ref_log_probs = np.asarray(jax.device_get(reference), np.float32)
+        charges, current_kl, episodes = shaping.charges(out, log_probs, ref_log_probs)
+        metrics["reward/kl_penalty"] = current_kl
+        metrics["reward/kl_coefficient"] = shaping.coefficient
+        shaping.update(current_kl, episodes)
+        return charges
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this rollout: the KL controller's state, if any."""
+        return {} if self.kl_in_reward is None else {"kl_in_reward": self.kl_in_reward.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict``'s output (a checkpoint without it changes nothing)."""
+        if self.kl_in_reward is not None and "kl_in_reward" in state:
+            self.kl_in_reward.load_state_dict(state["kl_in_reward"])
 
 
 __all__ = ["PPORollout", "SingleActionError", "action_order", "episode_targets"]

@@ -18,16 +18,25 @@ actually sampled from) plus ``rewards`` ``[N]`` (completion ``row * G + g``) for
 With ``rescore=True``, or when the objective scores at a ``sampling_temperature``,
 ``old_log_probs`` are recomputed by ``objective.packed_log_probs`` on the packed rows.
 
+Reward shaping (``dew.rollouts.shaping``): with ``overlong`` each session's reward is its
+score plus DAPO's overlong penalty, and ``rewards`` holds those shaped numbers (what the
+advantage sees); with ``kl_in_reward`` each session's reward also loses its summed KL
+charge against the objective's starting policy (scored on the packed rows, so the rows are
+packed twice) and the controller steps once per batch.
+
 ``last_timings`` keeps the seconds each phase of the latest call took (``generation``,
-``reward``, ``pack``, ``rescoring``).
+``reward``, ``pack``, ``rescoring``); ``last_metrics`` what the shaping did (empty without
+it), which the Trainer adds to its log line; ``state_dict``/``load_state_dict`` carry the
+KL controller's coefficient through a checkpoint.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -39,6 +48,9 @@ from dew.sampling import Sampling
 from dew.sessions.advantages import check_estimator
 from dew.sessions.packing import pack
 from dew.sessions.records import Call, Session, Status
+
+if TYPE_CHECKING:
+    from dew.rollouts.shaping import KLInReward, Overlong
 
 Reward = Callable[[str, str, str, str], float]
 
@@ -69,6 +81,10 @@ class SampledRollout:
       baseline: whether the group is the baseline (GRPO: ``groups >= 2``). False lets
         ``groups`` be 1, for a learner with its own baseline (PPO's critic, which replaces
         the packed group advantages).
+      overlong: ``dew.rollouts.shaping.Overlong``: DAPO's overlong penalty added to each
+        score; its buffer must fit ``max_new_tokens``.
+      kl_in_reward: ``dew.rollouts.shaping.KLInReward``: each session's reward loses its
+        summed KL charge against ``objective.pretrained`` (required then).
     """
 
     def __init__(
@@ -83,6 +99,8 @@ class SampledRollout:
         rescore: bool = False,
         *,
         baseline: bool = True,
+        overlong: Overlong | None = None,
+        kl_in_reward: KLInReward | None = None,
     ) -> None:
         if not baseline and (not is_int(groups) or groups < 1):
             raise ValueError(f"groups: expected a positive integer, got {groups!r}")
@@ -115,6 +133,16 @@ class SampledRollout:
         self._rescorer = jax.jit(objective.packed_log_probs)
         self.last_timings: dict[str, float] = {}
         self.last_rewards: np.ndarray | None = None
+        self.last_metrics: dict[str, float] = {}
+        self.overlong = overlong
+        if overlong is not None:
+            overlong.penalties(np.zeros(1), max_new_tokens)  # its buffer fits the budget
+        self.kl_in_reward = kl_in_reward
+        self._reference: Any = None
+        if kl_in_reward is not None:
+            from dew.rollouts.shaping import reference_of
+
+            self._reference = reference_of(objective)
 
     def _contexts(self, batch: Mapping[str, Any]) -> list[np.ndarray]:
         for name in ("prompt", "prompt_length"):
@@ -189,63 +217,116 @@ class SampledRollout:
         timings["generation"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        sessions = []
-        rewards = np.zeros(len(repeated), np.float32)
+        scores = np.zeros(len(repeated), np.float32)
         for index, draw in enumerate(drawn):
-            row, member = divmod(index, self.groups)
-            reward = self._score(batch, row, contexts[row], draw.ids)
-            rewards[index] = reward
-            support = None
-            if draw.support is not None:
-                support = [kept[kept >= 0] for kept in draw.support]
-            call = Call(
-                prompt_ids=contexts[row],
-                sampled_ids=draw.ids,
-                behavior_log_probs=draw.behavior_log_probs,
-                raw_log_probs=draw.raw_log_probs,
-                finish_reason="stop" if draw.eos else "length",
-                support=support,
-            )
-            sessions.append(
-                Session(
-                    task=row,
-                    sample=member,
-                    calls=(call,),
-                    status=Status.COMPLETED if draw.eos else Status.TRUNCATED,
-                    reward=reward,
-                )
-            )
+            row = index // self.groups
+            scores[index] = self._score(batch, row, contexts[row], draw.ids)
+        metrics: dict[str, float] = {}
+        rewards = scores
+        if self.overlong is not None:
+            penalties = self.overlong.penalties([d.ids.size for d in drawn], self.max_new_tokens)
+            rewards = scores + penalties
+            metrics["reward/score"] = float(np.mean(scores))
+            metrics["reward/overlong_share"] = float(np.mean(penalties < 0))
+        sessions = [self._session(contexts, index, draw, float(rewards[index]))
+                    for index, draw in enumerate(drawn)]  # fmt: skip
         timings["reward"] = time.perf_counter() - start
 
         start = time.perf_counter()
+        out = self._pack(sessions, drawn)
+        timings["pack"] = time.perf_counter() - start
+
+        timings["rescoring"] = 0.0
+        old_log_probs = None
+        if self.rescore or self.kl_in_reward is not None:
+            start = time.perf_counter()
+            old_log_probs = self._rescored(variables, out)
+            timings["rescoring"] = time.perf_counter() - start
+        if self.kl_in_reward is not None:
+            assert old_log_probs is not None
+            sessions, rewards = self._charge_kl(out, old_log_probs, sessions, rewards, metrics)
+            out = self._pack(sessions, drawn)
+        if self.rescore:
+            out["old_log_probs"] = old_log_probs
+        out["rewards"] = rewards
+        self.last_timings = timings
+        self.last_rewards = rewards
+        self.last_metrics = metrics
+        return out
+
+    def _session(self, contexts: list[np.ndarray], index: int, draw: Any, reward: float) -> Session:
+        """Completion ``index`` as a one-call session with its (shaped) reward."""
+        row, member = divmod(index, self.groups)
+        support = None
+        if draw.support is not None:
+            support = [kept[kept >= 0] for kept in draw.support]
+        call = Call(
+            prompt_ids=contexts[row],
+            sampled_ids=draw.ids,
+            behavior_log_probs=draw.behavior_log_probs,
+            raw_log_probs=draw.raw_log_probs,
+            finish_reason="stop" if draw.eos else "length",
+            support=support,
+        )
+        status = Status.COMPLETED if draw.eos else Status.TRUNCATED
+        return Session(task=row, sample=member, calls=(call,), status=status, reward=reward)
+
+    def _pack(self, sessions: list[Session], drawn: list[Any]) -> dict[str, Any]:
+        """The sessions packed one per row (``pack``), with the sampling support's room."""
         width = self.objective.width
         capacity = None
         if self.sampling.return_support:
             kept = max((d.support.shape[1] for d in drawn if d.support is not None), default=1)
             capacity = max(1, kept * (width - 1))
-        out: dict[str, Any] = pack(
-            sessions,
-            width,
-            rows=len(repeated),
-            estimator=self.estimator,
-            truncation="score",
-            support_capacity=capacity,
-            eos_ids=self.sampling.eos_ids or None,
-        )
-        out["rewards"] = rewards
-        timings["pack"] = time.perf_counter() - start
-
-        timings["rescoring"] = 0.0
-        if self.rescore:
-            start = time.perf_counter()
-            fields = {k: v for k, v in out.items() if k != "rewards"}
-            out["old_log_probs"] = np.asarray(
-                jax.device_get(self._rescorer(variables, fields)), np.float32
+        return dict(
+            pack(
+                sessions,
+                width,
+                rows=len(sessions),
+                estimator=self.estimator,
+                truncation="score",
+                support_capacity=capacity,
+                eos_ids=self.sampling.eos_ids or None,
             )
-            timings["rescoring"] = time.perf_counter() - start
-        self.last_timings = timings
-        self.last_rewards = rewards
-        return out
+        )
+
+    def _rescored(self, variables: Mapping[str, Any], out: Mapping[str, Any]) -> np.ndarray:
+        """``[B, W]`` log-probs of the packed ids under ``variables`` (the objective's forward)."""
+        return np.asarray(jax.device_get(self._rescorer(variables, dict(out))), np.float32)
+
+    def _charge_kl(
+        self,
+        out: Mapping[str, Any],
+        log_probs: np.ndarray,
+        sessions: list[Session],
+        rewards: np.ndarray,
+        metrics: dict[str, float],
+    ) -> tuple[list[Session], np.ndarray]:
+        """Each session's reward less its summed KL charge; steps the controller."""
+        shaping = self.kl_in_reward
+        assert shaping is not None
+        ref_log_probs = self._rescored(self._reference, out)
+        charges, current_kl, episodes = shaping.charges(out, log_probs, ref_log_probs)
+        index = np.asarray(out["session_index"])
+        charged = index >= 0
+        totals = np.bincount(index[charged], weights=charges[charged], minlength=len(sessions))
+        rewards = (rewards - totals).astype(np.float32)
+        metrics["reward/kl_penalty"] = current_kl
+        metrics["reward/kl_coefficient"] = shaping.coefficient
+        shaping.update(current_kl, episodes)
+        shaped = [
+            dataclasses.replace(s, reward=float(r)) for s, r in zip(sessions, rewards, strict=True)
+        ]
+        return shaped, rewards
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of this rollout: the KL controller's state, if any."""
+        return {} if self.kl_in_reward is None else {"kl_in_reward": self.kl_in_reward.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict``'s output (a checkpoint without it changes nothing)."""
+        if self.kl_in_reward is not None and "kl_in_reward" in state:
+            self.kl_in_reward.load_state_dict(state["kl_in_reward"])
 
 
 __all__ = ["RewardError", "SampledRollout", "default_decode"]

@@ -1,0 +1,98 @@
+"""The reward-shaping keys of a GRPO or PPO stage (``dew.rollouts.shaping``), shared by
+``dew train``'s ``objective`` section and a ``dew chain`` stage.
+
+==========================  ===============================================================
+``kl_in_reward``            KL charge coefficient in the reward, verl's ``use_kl_in_reward``
+                            with ``kl_ctrl.kl_coef`` (0: off, the default)
+``kl_in_reward_estimator``  the charge's KL estimate by verl's name (``kl``, k1, the default;
+                            ``abs``, ``mse``/``k2``, ``low_var_kl``/``k3``)
+``kl_target``,              the adaptive controller's target KL and horizon (in samples);
+``kl_horizon``              both or neither (neither: the coefficient stays fixed)
+``overlong_buffer``         DAPO's overlong buffer in tokens, ``1..max_new_tokens`` (None: off)
+``overlong_penalty``        the penalty at the budget (verl's ``penalty_factor``, 1.0)
+==========================  ===============================================================
+
+Where they apply: GRPO on prompts (``rollout.mode: sync``) takes all of them; PPO on prompts
+takes all of them, and with ``mode: async`` the KL keys only; PPO on tool episodes the KL
+keys only. Anywhere else a key set away from its default is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from dew.recipes.schema import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardShapingOptions:
+    """The reward-shaping keys (see the module docstring); defaults shape nothing."""
+
+    kl_in_reward: float = 0.0
+    kl_in_reward_estimator: str = "kl"
+    kl_target: float | None = None
+    kl_horizon: float | None = None
+    overlong_buffer: int | None = None
+    overlong_penalty: float = 1.0
+
+    def shaping_options(self) -> dict[str, Any]:
+        """The shaping keys and their values."""
+        return {key: getattr(self, key) for key in SHAPING_KEYS}
+
+    def changed_shaping_options(self) -> list[str]:
+        """The shaping keys set away from their defaults."""
+        fields = dataclasses.fields(RewardShapingOptions)
+        return [f.name for f in fields if getattr(self, f.name) != f.default]
+
+
+SHAPING_KEYS = tuple(f.name for f in dataclasses.fields(RewardShapingOptions))
+KL_KEYS = ("kl_in_reward", "kl_in_reward_estimator", "kl_target", "kl_horizon")
+
+
+def changed(options: Mapping[str, Any], keys: tuple[str, ...] = SHAPING_KEYS) -> list[str]:
+    """Which of ``keys`` ``options`` sets away from the default."""
+    defaults = RewardShapingOptions()
+    return [k for k in keys if k in options and options[k] != getattr(defaults, k)]
+
+
+def refuse_shaping(
+    options: Mapping[str, Any], label: Callable[[str], str], why: str, keys: tuple[str, ...]
+) -> None:
+    """Raise ``ConfigError`` naming the first of ``keys`` set in ``options``: ``why`` says
+    where shaping does not apply."""
+    for key in changed(options, keys):
+        raise ConfigError(f"{label(key)}: {why}, got {options[key]!r}")
+
+
+def shaping_parts(
+    options: Mapping[str, Any], label: Callable[[str], str], max_new_tokens: int
+) -> tuple[Any, Any]:
+    """``(Overlong or None, KLInReward or None)`` from the shaping keys in ``options``;
+    a bad value is a ``ConfigError`` naming its key through ``label``."""
+    from dew.rollouts.shaping import KLInReward, Overlong
+
+    o = {**RewardShapingOptions().shaping_options(), **{k: options[k] for k in SHAPING_KEYS
+                                                       if k in options}}  # fmt: skip
+    try:
+        overlong = None
+        if o["overlong_buffer"] is not None:
+            overlong = Overlong(o["overlong_buffer"], o["overlong_penalty"])
+            overlong.penalties([0], max_new_tokens)
+        elif o["overlong_penalty"] != 1.0:
+            raise ValueError("overlong_penalty: needs overlong_buffer (the ramp's length)")
+        kl = None
+        if o["kl_in_reward"] != 0:
+            kl = KLInReward(o["kl_in_reward"], o["kl_in_reward_estimator"], o["kl_target"],
+                            o["kl_horizon"])  # fmt: skip
+        else:
+            refuse_shaping(o, lambda k: k, "needs kl_in_reward > 0", KL_KEYS[1:])
+    except (TypeError, ValueError, ConfigError) as err:
+        key, _, rest = str(err).partition(": ")
+        raise ConfigError(f"{label(key)}: {rest}") from None
+    return overlong, kl
+
+
+__all__ = ["KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions", "changed", "refuse_shaping",
+           "shaping_parts"]  # fmt: skip
