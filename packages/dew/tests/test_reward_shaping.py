@@ -254,3 +254,111 @@ def test_tool_episodes_refuse_what_they_would_not_apply(model, kind, options, ke
     with pytest.raises(ConfigError, match=f"{key} \\(source\\): tool episodes take only the KL"):
         episode_parts(None, model, {"eos_id": EOS, **options}, pretrained=None, batch=2, seed=0,
                       kind=kind)  # fmt: skip
+
+
+def _scripted(rounds):
+    """A ``draw`` that returns scripted scores per round (completions: (round, index))."""
+    calls = []
+
+    def draw(key):
+        scores = np.asarray(rounds[len(calls)], np.float32)
+        calls.append(key)
+        return [(len(calls) - 1, i) for i in range(scores.size)], scores
+
+    return draw, calls
+
+
+def test_dynamic_sampling_keeps_the_first_informative_groups():
+    from dew.rollouts.dynamic_sampling import DynamicSampling
+
+    # 3 prompts x 2 completions; round 0 has one informative group (prompt 1), round 1 another
+    draw, calls = _scripted([[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 1]])
+    completions, scores, rows, metrics = DynamicSampling(2, max_draws=3).collect(
+        draw, jax.random.key(0), prompts=3, size=2
+    )
+    assert len(calls) == 2 and rows.tolist() == [1, 0]
+    assert completions == [(0, 2), (0, 3), (1, 0), (1, 1)]
+    np.testing.assert_array_equal(scores, [0, 1, 1, 0])
+    assert metrics == {"sampling/draws": 2.0, "sampling/informative_share": 0.5,
+                       "sampling/filled_groups": 0.0}  # fmt: skip
+    assert not np.array_equal(jax.random.key_data(calls[0]), jax.random.key_data(calls[1]))
+
+
+def test_dynamic_sampling_fills_with_uniform_groups_at_the_cap():
+    from dew.rollouts.dynamic_sampling import DynamicSampling
+
+    draw, calls = _scripted([[1, 1, 0, 0], [1, 1, 0, 0], [0, 1, 0, 0]])
+    _, scores, rows, metrics = DynamicSampling(2, max_draws=2).collect(
+        draw, jax.random.key(0), prompts=2, size=2
+    )
+    assert len(calls) == 2 and rows.tolist() == [0, 1] and scores.tolist() == [1, 1, 0, 0]
+    assert metrics["sampling/filled_groups"] == 2.0 and metrics["sampling/draws"] == 2.0
+    with pytest.raises(ValueError, match="dynamic_sampling_groups: expected at most the 2"):
+        DynamicSampling(3).collect(draw, jax.random.key(0), prompts=2, size=2)
+
+
+def test_sampled_rollout_trains_on_informative_groups_only(model, start):
+    from dew.rollouts.dynamic_sampling import DynamicSampling
+
+    def first_token_odd(data_source, completion, ground_truth, extra_info):
+        return float(int((completion.split() or ["0"])[0]) % 2)
+
+    objective = GRPOObjective(model, seq_len=P + R - 1)
+    rollout = SampledRollout(objective, first_token_odd, groups=G, max_new_tokens=R,
+                             sampling=Sampling(temperature=1.0, eos_id=EOS),
+                             dynamic_sampling=DynamicSampling(2, max_draws=4))  # fmt: skip
+    out = rollout(start, prompts(), jax.random.key(7))
+    assert out["input_ids"].shape == (2 * G, P + R) and out["rewards"].shape == (2 * G,)
+    assert rollout.last_metrics["sampling/filled_groups"] == 0.0
+    groups = np.asarray(out["rewards"]).reshape(2, G)
+    assert np.all(np.ptp(groups, axis=1) > 0)
+    index = np.asarray(out["session_index"])
+    assert np.abs(np.asarray(out["advantages"])[index >= 0]).min() > 0
+    # a reward with no signal at all: every draw is spent, the batch keeps its shape
+    constant = SampledRollout(objective, lambda *args: 1.0, groups=G, max_new_tokens=R,
+                              sampling=Sampling(temperature=1.0, eos_id=EOS),
+                              dynamic_sampling=DynamicSampling(2, max_draws=2))  # fmt: skip
+    out = constant(start, prompts(), jax.random.key(7))
+    assert out["input_ids"].shape == (2 * G, P + R)
+    assert constant.last_metrics == {"sampling/draws": 2.0, "sampling/informative_share": 0.0,
+                                     "sampling/filled_groups": 2.0}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "message"),
+    [
+        (
+            "grpo",
+            {"dynamic_sampling_draws": 5},
+            "objective.dynamic_sampling_draws: needs dynamic_sampling_groups",
+        ),
+        (
+            "grpo",
+            {"dynamic_sampling_groups": 0},
+            "objective.dynamic_sampling_groups: expected a positive integer",
+        ),
+        (
+            "ppo",
+            {"dynamic_sampling_groups": 2},
+            "objective.dynamic_sampling_groups: PPO's baseline is its critic",
+        ),
+    ],
+)
+def test_bad_dynamic_sampling_keys_name_the_key(model, kind, options, message):
+    with pytest.raises(ConfigError) as err:
+        build_stage(kind, model, P + R, {"max_new_tokens": R, **options}, reward=sevens)
+    assert message in str(err.value), str(err.value)
+
+
+def test_a_config_keeps_no_more_groups_than_it_draws(tmp_path):
+    from dew.recipes.train_config import train_config
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1 2", "ground_truth": "3"}\n')
+    mapping = {"run": {"steps": 1, "batch": 2, "run_dir": str(tmp_path / "run")}, "model": {"name": "qwen3"},
+               "data": {"path": str(tmp_path / "p.jsonl")},
+               "objective": {"dynamic_sampling_groups": 3}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"objective.dynamic_sampling_groups: expected at most "
+                       r"run.batch \(2, the prompts drawn per round\), got 3"):  # fmt: skip
+        train_config(mapping, "grpo")
+    mapping["objective"]["dynamic_sampling_groups"] = 2
+    assert train_config(mapping, "grpo").objective.dynamic_sampling_groups == 2

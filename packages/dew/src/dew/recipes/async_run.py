@@ -79,9 +79,10 @@ def attach(
     # correction), else the sampler's (an EpisodeRollout has none: the trainer's)
     objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
         ppo.objective.policy_objective  # fmt: skip
-    for key in ("overlong", "kl_in_reward"):  # applied by the trainer's own sampler only
+    names = {"overlong": "overlong_buffer", "kl_in_reward": "kl_in_reward",
+             "dynamic_sampling": "dynamic_sampling_groups"}  # fmt: skip
+    for key, name in names.items():  # applied by the trainer's own sampler only
         if getattr(drawn, key, None) is not None:
-            name = "overlong_buffer" if key == "overlong" else key
             raise ConfigError(f"{name}: {where}.mode async does not apply it (the scheduler "
                               "draws the batches); expected mode: sync, or it unset")  # fmt: skip
     build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")

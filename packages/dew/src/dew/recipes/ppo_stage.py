@@ -47,7 +47,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dew.recipes.schema import ConfigError, check_value, positive
-from dew.recipes.shaping_config import RewardShapingOptions, shaping_parts
+from dew.recipes.shaping_config import (
+    DYNAMIC_KEYS,
+    RewardShapingOptions,
+    refuse_shaping,
+    shaping_parts,
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,8 +104,11 @@ class PPOOptions(RewardShapingOptions):
             raise ConfigError(f"{label(key)}: {rest}") from None
         self.shaping(label)
 
-    def shaping(self, label: Callable[[str], str]) -> tuple[Any, Any]:
-        """``(Overlong or None, KLInReward or None)`` of the shaping keys, checked."""
+    def shaping(self, label: Callable[[str], str]) -> dict[str, Any]:
+        """The shaping parts of the keys (``shaping_parts``), checked; dynamic sampling is
+        refused (the critic, not the group, is PPO's baseline)."""
+        refuse_shaping(self.shaping_options(), label, "PPO's baseline is its critic, not the "
+                       "group; dynamic sampling applies to GRPO", DYNAMIC_KEYS)  # fmt: skip
         return shaping_parts(self.shaping_options(), label, self.max_new_tokens)
 
 
@@ -187,15 +195,15 @@ def build_ppo(
     # the sampler sees the policy half only; it scores at the objective's temperature
     sampler = GRPOObjective(model, width - 1, sampling_temperature=temperature)
     sampling = Sampling(temperature=float(opts.temperature), top_k=opts.top_k, eos_id=opts.eos_id)
-    overlong, kl_in_reward = opts.shaping(lambda key: f"{where}.{key}")
-    if kl_in_reward is not None and pretrained is None:
+    shaping = opts.shaping(lambda key: f"{where}.{key}")
+    if shaping["kl_in_reward"] is not None and pretrained is None:
         raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
                           "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
     episodes = SampledRollout(sampler, reward, groups=opts.groups,
                               max_new_tokens=opts.max_new_tokens, sampling=sampling,
-                              decode=decode, baseline=False, overlong=overlong)  # fmt: skip
+                              decode=decode, baseline=False, overlong=shaping["overlong"])  # fmt: skip
     return objective, PPORollout(objective, episodes, gamma=opts.gamma, lam=opts.lam,
-                                 kl_in_reward=kl_in_reward)  # fmt: skip
+                                 kl_in_reward=shaping["kl_in_reward"])  # fmt: skip
 
 
 __all__ = ["LOSS_KEYS", "PPO_KEYS", "PPOObjectiveConfig", "PPOOptions", "build_ppo",

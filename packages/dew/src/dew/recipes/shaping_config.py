@@ -10,11 +10,15 @@
 ``kl_horizon``              both or neither (neither: the coefficient stays fixed)
 ``overlong_buffer``         DAPO's overlong buffer in tokens, ``1..max_new_tokens`` (None: off)
 ``overlong_penalty``        the penalty at the budget (verl's ``penalty_factor``, 1.0)
+``dynamic_sampling_groups`` DAPO's dynamic sampling: train on this many groups whose scores
+                            differ, at most the step's prompts (None: off)
+``dynamic_sampling_draws``  sampling rounds per step before uniform groups fill in (3)
 ==========================  ===============================================================
 
 Where they apply: GRPO on prompts (``rollout.mode: sync``) takes all of them; PPO on prompts
-takes all of them, and with ``mode: async`` the KL keys only; PPO on tool episodes the KL
-keys only. Anywhere else a key set away from its default is refused, naming it.
+takes all but dynamic sampling (its critic, not the group, is the baseline), and with
+``mode: async`` the KL keys only; PPO on tool episodes the KL keys only. Anywhere else a key
+set away from its default is refused, naming it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ class RewardShapingOptions:
     kl_horizon: float | None = None
     overlong_buffer: int | None = None
     overlong_penalty: float = 1.0
+    dynamic_sampling_groups: int | None = None
+    dynamic_sampling_draws: int = 3
 
     def shaping_options(self) -> dict[str, Any]:
         """The shaping keys and their values."""
@@ -49,6 +55,7 @@ class RewardShapingOptions:
 
 SHAPING_KEYS = tuple(f.name for f in dataclasses.fields(RewardShapingOptions))
 KL_KEYS = ("kl_in_reward", "kl_in_reward_estimator", "kl_target", "kl_horizon")
+DYNAMIC_KEYS = ("dynamic_sampling_groups", "dynamic_sampling_draws")
 
 
 def changed(options: Mapping[str, Any], keys: tuple[str, ...] = SHAPING_KEYS) -> list[str]:
@@ -68,31 +75,37 @@ def refuse_shaping(
 
 def shaping_parts(
     options: Mapping[str, Any], label: Callable[[str], str], max_new_tokens: int
-) -> tuple[Any, Any]:
-    """``(Overlong or None, KLInReward or None)`` from the shaping keys in ``options``;
-    a bad value is a ``ConfigError`` naming its key through ``label``."""
+) -> dict[str, Any]:
+    """``{"overlong", "kl_in_reward", "dynamic_sampling"}`` (each None when off) from the
+    shaping keys in ``options``, as ``SampledRollout`` takes them; a bad value is a
+    ``ConfigError`` naming its key through ``label``."""
+    from dew.rollouts.dynamic_sampling import DynamicSampling
     from dew.rollouts.shaping import KLInReward, Overlong
 
     o = {**RewardShapingOptions().shaping_options(), **{k: options[k] for k in SHAPING_KEYS
                                                        if k in options}}  # fmt: skip
+    parts: dict[str, Any] = {"overlong": None, "kl_in_reward": None, "dynamic_sampling": None}
     try:
-        overlong = None
         if o["overlong_buffer"] is not None:
-            overlong = Overlong(o["overlong_buffer"], o["overlong_penalty"])
-            overlong.penalties([0], max_new_tokens)
+            parts["overlong"] = Overlong(o["overlong_buffer"], o["overlong_penalty"])
+            parts["overlong"].penalties([0], max_new_tokens)
         elif o["overlong_penalty"] != 1.0:
             raise ValueError("overlong_penalty: needs overlong_buffer (the ramp's length)")
-        kl = None
         if o["kl_in_reward"] != 0:
-            kl = KLInReward(o["kl_in_reward"], o["kl_in_reward_estimator"], o["kl_target"],
-                            o["kl_horizon"])  # fmt: skip
+            parts["kl_in_reward"] = KLInReward(o["kl_in_reward"], o["kl_in_reward_estimator"],
+                                               o["kl_target"], o["kl_horizon"])  # fmt: skip
         else:
             refuse_shaping(o, lambda k: k, "needs kl_in_reward > 0", KL_KEYS[1:])
+        if o["dynamic_sampling_groups"] is not None:
+            parts["dynamic_sampling"] = DynamicSampling(o["dynamic_sampling_groups"],
+                                                        o["dynamic_sampling_draws"])  # fmt: skip
+        else:
+            refuse_shaping(o, lambda k: k, "needs dynamic_sampling_groups", DYNAMIC_KEYS[1:])
     except (TypeError, ValueError, ConfigError) as err:
         key, _, rest = str(err).partition(": ")
         raise ConfigError(f"{label(key)}: {rest}") from None
-    return overlong, kl
+    return parts
 
 
-__all__ = ["KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions", "changed", "refuse_shaping",
+__all__ = ["DYNAMIC_KEYS", "KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions", "changed", "refuse_shaping",
            "shaping_parts"]  # fmt: skip

@@ -182,8 +182,8 @@ def build_stage(
     loss.check_loss(lambda key: f"{where}.{key}")
     temperature = o.get("temperature")
     max_new_tokens = o.get("max_new_tokens", 16)
-    overlong, kl_in_reward = shaping_parts(o, lambda key: f"{where}.{key}", max_new_tokens)
-    if kl_in_reward is not None and pretrained is None:
+    shaping = shaping_parts(o, lambda key: f"{where}.{key}", max_new_tokens)
+    if shaping["kl_in_reward"] is not None and pretrained is None:
         raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
                           "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
     objective = GRPOObjective(
@@ -206,8 +206,7 @@ def build_stage(
         ),
         decode=decode,
         estimator=estimator,
-        overlong=overlong,
-        kl_in_reward=kl_in_reward,
+        **shaping,
     )
     return objective, rollout
 

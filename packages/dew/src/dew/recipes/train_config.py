@@ -292,6 +292,10 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         source=source,
     )
     config = dataclasses.replace(config, rollout=_rollout(mapping, kind, config.objective))
+    kept = getattr(config.objective, "dynamic_sampling_groups", None)
+    if kept is not None and kept > config.run.batch:
+        raise ConfigError(f"objective.dynamic_sampling_groups: expected at most run.batch "
+                          f"({config.run.batch}, the prompts drawn per round), got {kept}")  # fmt: skip
     for name in ("data", "model"):
         part = getattr(config, name)
         if part is None:  # no data section: environment episodes

@@ -50,6 +50,7 @@ from dew.sessions.packing import pack
 from dew.sessions.records import Call, Session, Status
 
 if TYPE_CHECKING:
+    from dew.rollouts.dynamic_sampling import DynamicSampling
     from dew.rollouts.shaping import KLInReward, Overlong
 
 Reward = Callable[[str, str, str, str], float]
@@ -85,6 +86,9 @@ class SampledRollout:
         score; its buffer must fit ``max_new_tokens``.
       kl_in_reward: ``dew.rollouts.shaping.KLInReward``: each session's reward loses its
         summed KL charge against ``objective.pretrained`` (required then).
+      dynamic_sampling: ``dew.rollouts.dynamic_sampling.DynamicSampling``: train on its
+        ``groups`` groups whose scores differ, drawing the prompts again up to its cap; the
+        batch then holds ``groups * groups_per_prompt`` rows.
     """
 
     def __init__(
@@ -101,6 +105,7 @@ class SampledRollout:
         baseline: bool = True,
         overlong: Overlong | None = None,
         kl_in_reward: KLInReward | None = None,
+        dynamic_sampling: DynamicSampling | None = None,
     ) -> None:
         if not baseline and (not is_int(groups) or groups < 1):
             raise ValueError(f"groups: expected a positive integer, got {groups!r}")
@@ -138,6 +143,7 @@ class SampledRollout:
         if overlong is not None:
             overlong.penalties(np.zeros(1), max_new_tokens)  # its buffer fits the budget
         self.kl_in_reward = kl_in_reward
+        self.dynamic_sampling = dynamic_sampling
         self._reference: Any = None
         if kl_in_reward is not None:
             from dew.rollouts.shaping import reference_of
@@ -207,30 +213,34 @@ class SampledRollout:
         self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
     ) -> dict[str, Any]:
         """Sample, score and pack one batch; returns the packed GRPO batch."""
-        timings: dict[str, float] = {}
+        timings: dict[str, float] = {"generation": 0.0, "reward": 0.0}
         contexts = self._contexts(batch)
-        repeated = [c for c in contexts for _ in range(self.groups)]
-        start = time.perf_counter()
         self.generation.bind(variables)
-        drawn = self.generation(list(repeated), self.max_new_tokens, key, self.sampling)  # type: ignore[arg-type]
-        assert isinstance(drawn, list)
-        timings["generation"] = time.perf_counter() - start
-
-        start = time.perf_counter()
-        scores = np.zeros(len(repeated), np.float32)
-        for index, draw in enumerate(drawn):
-            row = index // self.groups
-            scores[index] = self._score(batch, row, contexts[row], draw.ids)
         metrics: dict[str, float] = {}
+
+        def draw(draw_key: jax.Array) -> tuple[list[Any], np.ndarray]:
+            return self._draw(batch, contexts, draw_key, timings)
+
+        if self.dynamic_sampling is None:
+            drawn, scores = draw(key)
+            rows = np.arange(len(contexts))
+        else:
+            drawn, scores, rows, picked = self.dynamic_sampling.collect(
+                draw, key, len(contexts), self.groups
+            )
+            metrics.update(picked)
+        start = time.perf_counter()
         rewards = scores
         if self.overlong is not None:
             penalties = self.overlong.penalties([d.ids.size for d in drawn], self.max_new_tokens)
             rewards = scores + penalties
             metrics["reward/score"] = float(np.mean(scores))
             metrics["reward/overlong_share"] = float(np.mean(penalties < 0))
-        sessions = [self._session(contexts, index, draw, float(rewards[index]))
-                    for index, draw in enumerate(drawn)]  # fmt: skip
-        timings["reward"] = time.perf_counter() - start
+        sessions = [
+            self._session(contexts[rows[i // self.groups]], i, draw, float(rewards[i]))
+            for i, draw in enumerate(drawn)
+        ]
+        timings["reward"] += time.perf_counter() - start
 
         start = time.perf_counter()
         out = self._pack(sessions, drawn)
@@ -254,14 +264,36 @@ class SampledRollout:
         self.last_metrics = metrics
         return out
 
-    def _session(self, contexts: list[np.ndarray], index: int, draw: Any, reward: float) -> Session:
-        """Completion ``index`` as a one-call session with its (shaped) reward."""
+    def _draw(
+        self,
+        batch: Mapping[str, Any],
+        contexts: list[np.ndarray],
+        key: jax.Array,
+        timings: dict[str, float],
+    ) -> tuple[list[Any], np.ndarray]:
+        """``groups`` completions of every prompt (prompt-major) and their scores."""
+        repeated = [c for c in contexts for _ in range(self.groups)]
+        start = time.perf_counter()
+        drawn = self.generation(repeated, self.max_new_tokens, key, self.sampling)  # type: ignore[arg-type]
+        assert isinstance(drawn, list)
+        timings["generation"] += time.perf_counter() - start
+        start = time.perf_counter()
+        scores = np.zeros(len(repeated), np.float32)
+        for index, one in enumerate(drawn):
+            row = index // self.groups
+            scores[index] = self._score(batch, row, contexts[row], one.ids)
+        timings["reward"] += time.perf_counter() - start
+        return drawn, scores
+
+    def _session(self, context: np.ndarray, index: int, draw: Any, reward: float) -> Session:
+        """Completion ``index`` (group ``index // groups`` of the batch) of ``context`` as a
+        one-call session with its (shaped) reward."""
         row, member = divmod(index, self.groups)
         support = None
         if draw.support is not None:
             support = [kept[kept >= 0] for kept in draw.support]
         call = Call(
-            prompt_ids=contexts[row],
+            prompt_ids=context,
             sampled_ids=draw.ids,
             behavior_log_probs=draw.behavior_log_probs,
             raw_log_probs=draw.raw_log_probs,
