@@ -362,3 +362,109 @@ def test_a_config_keeps_no_more_groups_than_it_draws(tmp_path):
         train_config(mapping, "grpo")
     mapping["objective"]["dynamic_sampling_groups"] = 2
     assert train_config(mapping, "grpo").objective.dynamic_sampling_groups == 2
+
+
+def _ratios_batch(ratios, keep):
+    ratios, keep = np.asarray(ratios, np.float64), np.asarray(keep, bool)
+    return ({"response_mask": keep.astype(np.int32), "session_index": np.where(keep, 0, -1)},
+            np.log(ratios), np.zeros(ratios.shape))  # fmt: skip
+
+
+def test_adaptive_correction_is_a_running_quantile_floored_at_one():
+    from dew.rollouts.correction_caps import AdaptiveCorrection
+
+    ratios = np.array([[0.5, 1.0, 2.0, 4.0, 100.0], [0.25, 1.0, 1.0, 3.0, 1.0]])
+    keep = np.array([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])  # the 100 is padding
+    batch, old, behavior = _ratios_batch(ratios, keep)
+    measured = float(np.quantile(ratios[keep > 0], 0.9))
+    floor = float(np.quantile(ratios[keep > 0], 0.1))
+    band = AdaptiveCorrection(0.9, band=True, decay=0.5)
+    columns, metrics = band.observe(batch, old, behavior)
+    assert band.cap == pytest.approx(measured) and band.floor == pytest.approx(floor)
+    np.testing.assert_allclose(columns["behavior_cap"], [measured] * 2, rtol=1e-6)
+    np.testing.assert_allclose(columns["behavior_floor"], [floor] * 2, rtol=1e-6)
+    assert metrics["correction/measured_cap"] == pytest.approx(measured)
+    # the second batch moves the estimate half way (decay 0.5); an on-policy batch measures 1
+    batch2, old2, behavior2 = _ratios_batch(np.ones((2, 5)), np.ones((2, 5)))
+    band.observe(batch2, old2, behavior2)
+    assert band.cap == pytest.approx(0.5 * measured + 0.5) and band.floor == pytest.approx(
+        0.5 * floor + 0.5
+    )
+    # a batch without trained tokens keeps the estimate; the state round-trips
+    empty, old3, behavior3 = _ratios_batch(np.ones((2, 5)), np.zeros((2, 5)))
+    state = band.state_dict()
+    columns, _ = band.observe(empty, old3, behavior3)
+    assert band.state_dict() == state and columns["behavior_cap"][0] == np.float32(band.cap)
+    other = AdaptiveCorrection(0.9, band=True, decay=0.5)
+    other.load_state_dict(json.loads(json.dumps(state)))
+    assert other.state_dict() == state
+    tight = AdaptiveCorrection(0.75)
+    tight.observe(*_ratios_batch(np.full((1, 4), 0.5), np.ones((1, 4))))
+    assert tight.cap == 1.0 and tight.floor is None  # never below 1: on-policy tokens keep weight 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"quantile": 0.5}, "behavior_importance_quantile"), ({"quantile": 1.0}, "quantile"),
+     ({"quantile": 0.9, "decay": 1.0}, "behavior_importance_decay")],
+)  # fmt: skip
+def test_adaptive_correction_refuses_bad_settings(kwargs, field):
+    from dew.rollouts.correction_caps import AdaptiveCorrection
+
+    with pytest.raises(ValueError, match=field):
+        AdaptiveCorrection(**kwargs)
+
+
+def test_the_loss_uses_the_batch_s_measured_cap(model, start):
+    from dew.rollouts.correction_caps import AdaptiveCorrection
+
+    sampling = Sampling(temperature=2.0, eos_id=EOS)  # behavior at T=2, old rescored at T=1
+    adaptive = GRPOObjective(model, seq_len=P + R - 1, behavior_importance=1000.0)
+    rollout = SampledRollout(adaptive, sevens, groups=G, max_new_tokens=R, sampling=sampling,
+                             correction=AdaptiveCorrection(0.6), rescore=True)  # fmt: skip
+    out = rollout(start, prompts(), jax.random.key(8))
+    cap = float(out["behavior_cap"][0])
+    assert 1.0 < cap < 1000.0 and rollout.last_metrics["correction/cap"] == pytest.approx(cap)
+    assert rollout.state_dict() == {"correction": {"cap": rollout.correction.cap, "floor": None}}
+    fixed = GRPOObjective(model, seq_len=P + R - 1, behavior_importance=cap)
+    batch = {k: v for k, v in out.items() if k != "behavior_cap"}
+    key = jax.random.key(0)
+    got = adaptive.loss(start, out, key)
+    want = fixed.loss(start, batch, key)
+    loose = adaptive.loss(start, batch, key)  # without the column: the constant 1000
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+    assert float(got[2]["mismatch/ess"]) == pytest.approx(float(want[2]["mismatch/ess"]), rel=1e-6)
+    assert abs(float(loose[0]) - float(got[0])) > 1e-6
+    # an IcePop band reads both ends from the batch
+    wide = GRPOObjective(model, seq_len=P + R - 1, behavior_importance=(1e-3, 1e3))
+    banded = {**out, "behavior_floor": np.full(len(out["rewards"]), 0.8, np.float32)}
+    narrow = GRPOObjective(model, seq_len=P + R - 1, behavior_importance=(0.8, cap))
+    got, want = wide.loss(start, banded, key), narrow.loss(start, batch, key)
+    assert float(got[0]) == pytest.approx(float(want[0]), rel=1e-6)
+    assert float(got[2]["mask/behavior_band"]) == float(want[2]["mask/behavior_band"]) > 0
+
+
+def test_correction_keys_build_and_refuse(model, start):
+    options = {"max_new_tokens": R, "behavior_importance": [0.5, 2.0],
+               "behavior_importance_quantile": 0.95, "behavior_importance_decay": 0.8}  # fmt: skip
+    _, rollout = build_stage("grpo", model, P + R, options, reward=sevens)
+    assert rollout.correction.band and rollout.correction.decay == 0.8
+    _, ppo = build_stage(
+        "ppo", model, P + R, {**options, "behavior_importance": 2.0}, reward=sevens
+    )
+    assert not ppo.episodes.correction.band and ppo.state_dict() == {
+        "correction": {"cap": None, "floor": None}
+    }
+    for bad, message in (
+        (
+            {"behavior_importance_quantile": 0.9},
+            "objective.behavior_importance_quantile: needs behavior_importance",
+        ),
+        (
+            {"behavior_importance_decay": 0.5},
+            "objective.behavior_importance_decay: needs behavior_importance_quantile",
+        ),
+    ):
+        with pytest.raises(ConfigError) as err:
+            build_stage("grpo", model, P + R, {"max_new_tokens": R, **bad}, reward=sevens)
+        assert message in str(err.value), str(err.value)

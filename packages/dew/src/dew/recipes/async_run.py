@@ -80,7 +80,8 @@ def attach(
     objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
         ppo.objective.policy_objective  # fmt: skip
     names = {"overlong": "overlong_buffer", "kl_in_reward": "kl_in_reward",
-             "dynamic_sampling": "dynamic_sampling_groups"}  # fmt: skip
+             "dynamic_sampling": "dynamic_sampling_groups",
+             "correction": "behavior_importance_quantile"}  # fmt: skip
     for key, name in names.items():  # applied by the trainer's own sampler only
         if getattr(drawn, key, None) is not None:
             raise ConfigError(f"{name}: {where}.mode async does not apply it (the scheduler "

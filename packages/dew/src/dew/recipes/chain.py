@@ -194,7 +194,7 @@ class Stage(GRPOLoss, RewardShapingOptions):
                 )
         self.check_loss(lambda key: f"Stage.{key} ({self.name})")
         label = lambda k: f"Stage.{k} ({self.name})"  # noqa: E731
-        shaping_parts(self.shaping_options(), label, self.max_new_tokens)
+        shaping_parts({**self.shaping_options(), **self.loss_options()}, label, self.max_new_tokens)
         if self.decode is not None and not callable(self.decode):
             raise TypeError(
                 f"Stage.decode ({self.name}): expected a callable ids -> str, "

@@ -109,7 +109,8 @@ class PPOOptions(RewardShapingOptions):
         refused (the critic, not the group, is PPO's baseline)."""
         refuse_shaping(self.shaping_options(), label, "PPO's baseline is its critic, not the "
                        "group; dynamic sampling applies to GRPO", DYNAMIC_KEYS)  # fmt: skip
-        return shaping_parts(self.shaping_options(), label, self.max_new_tokens)
+        given = {**self.shaping_options(), "behavior_importance": self.behavior_importance}
+        return shaping_parts(given, label, self.max_new_tokens)
 
 
 LOSS_KEYS = ("epsilon_low", "epsilon_high", "dual_clip", "behavior_importance", "kl_estimator",
@@ -201,7 +202,8 @@ def build_ppo(
                           "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
     episodes = SampledRollout(sampler, reward, groups=opts.groups,
                               max_new_tokens=opts.max_new_tokens, sampling=sampling,
-                              decode=decode, baseline=False, overlong=shaping["overlong"])  # fmt: skip
+                              decode=decode, baseline=False, overlong=shaping["overlong"],
+                              correction=shaping["correction"])  # fmt: skip
     return objective, PPORollout(objective, episodes, gamma=opts.gamma, lam=opts.lam,
                                  kl_in_reward=shaping["kl_in_reward"])  # fmt: skip
 

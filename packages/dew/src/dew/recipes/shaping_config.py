@@ -13,6 +13,11 @@
 ``dynamic_sampling_groups`` DAPO's dynamic sampling: train on this many groups whose scores
                             differ, at most the step's prompts (None: off)
 ``dynamic_sampling_draws``  sampling rounds per step before uniform groups fill in (3)
+``behavior_importance_``    the TIS cap (or IcePop band) follows this running quantile of
+``quantile``                the measured importance ratios, in (0.5, 1) (None: the constants
+                            of ``behavior_importance``, which must be set: it picks the kind)
+``behavior_importance_``    weight of the previous estimate in the running quantile (0.9)
+``decay``
 ==========================  ===============================================================
 
 Where they apply: GRPO on prompts (``rollout.mode: sync``) takes all of them; PPO on prompts
@@ -42,6 +47,8 @@ class RewardShapingOptions:
     overlong_penalty: float = 1.0
     dynamic_sampling_groups: int | None = None
     dynamic_sampling_draws: int = 3
+    behavior_importance_quantile: float | None = None
+    behavior_importance_decay: float = 0.9
 
     def shaping_options(self) -> dict[str, Any]:
         """The shaping keys and their values."""
@@ -56,6 +63,7 @@ class RewardShapingOptions:
 SHAPING_KEYS = tuple(f.name for f in dataclasses.fields(RewardShapingOptions))
 KL_KEYS = ("kl_in_reward", "kl_in_reward_estimator", "kl_target", "kl_horizon")
 DYNAMIC_KEYS = ("dynamic_sampling_groups", "dynamic_sampling_draws")
+CORRECTION_KEYS = ("behavior_importance_quantile", "behavior_importance_decay")
 
 
 def changed(options: Mapping[str, Any], keys: tuple[str, ...] = SHAPING_KEYS) -> list[str]:
@@ -76,15 +84,18 @@ def refuse_shaping(
 def shaping_parts(
     options: Mapping[str, Any], label: Callable[[str], str], max_new_tokens: int
 ) -> dict[str, Any]:
-    """``{"overlong", "kl_in_reward", "dynamic_sampling"}`` (each None when off) from the
-    shaping keys in ``options``, as ``SampledRollout`` takes them; a bad value is a
-    ``ConfigError`` naming its key through ``label``."""
+    """``{"overlong", "kl_in_reward", "dynamic_sampling", "correction"}`` (each None when off)
+    from the shaping keys in ``options`` (and its ``behavior_importance``, which the adaptive
+    correction needs), as ``SampledRollout`` takes them; a bad value is a ``ConfigError``
+    naming its key through ``label``."""
+    from dew.rollouts.correction_caps import AdaptiveCorrection
     from dew.rollouts.dynamic_sampling import DynamicSampling
     from dew.rollouts.shaping import KLInReward, Overlong
 
     o = {**RewardShapingOptions().shaping_options(), **{k: options[k] for k in SHAPING_KEYS
                                                        if k in options}}  # fmt: skip
-    parts: dict[str, Any] = {"overlong": None, "kl_in_reward": None, "dynamic_sampling": None}
+    parts: dict[str, Any] = {"overlong": None, "kl_in_reward": None, "dynamic_sampling": None,
+                             "correction": None}  # fmt: skip
     try:
         if o["overlong_buffer"] is not None:
             parts["overlong"] = Overlong(o["overlong_buffer"], o["overlong_penalty"])
@@ -101,11 +112,23 @@ def shaping_parts(
                                                         o["dynamic_sampling_draws"])  # fmt: skip
         else:
             refuse_shaping(o, lambda k: k, "needs dynamic_sampling_groups", DYNAMIC_KEYS[1:])
+        if o["behavior_importance_quantile"] is not None:
+            kind = options.get("behavior_importance")
+            if kind is None:
+                raise ValueError("behavior_importance_quantile: needs behavior_importance (a cap "
+                                 "or a [low, high] band: the correction it adapts)")  # fmt: skip
+            parts["correction"] = AdaptiveCorrection(
+                o["behavior_importance_quantile"], band=isinstance(kind, tuple | list),
+                decay=o["behavior_importance_decay"])  # fmt: skip
+        else:
+            refuse_shaping(
+                o, lambda k: k, "needs behavior_importance_quantile", CORRECTION_KEYS[1:]
+            )
     except (TypeError, ValueError, ConfigError) as err:
         key, _, rest = str(err).partition(": ")
         raise ConfigError(f"{label(key)}: {rest}") from None
     return parts
 
 
-__all__ = ["DYNAMIC_KEYS", "KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions", "changed", "refuse_shaping",
-           "shaping_parts"]  # fmt: skip
+__all__ = ["CORRECTION_KEYS", "DYNAMIC_KEYS", "KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions",
+           "changed", "refuse_shaping", "shaping_parts"]  # fmt: skip

@@ -225,7 +225,8 @@ class GRPOObjectiveConfig(GRPOLoss, RewardShapingOptions):
         positive(self.top_k, "objective.top_k")
         positive(self.eos_id, "objective.eos_id", allow_zero=True)
         self.check_loss(lambda key: f"objective.{key}")
-        shaping_parts(self.shaping_options(), lambda key: f"objective.{key}", self.max_new_tokens)
+        given = {**self.shaping_options(), "behavior_importance": self.behavior_importance}
+        shaping_parts(given, lambda key: f"objective.{key}", self.max_new_tokens)
 
 
 DATA = {"lm": LMData, "sft": SFTData, "dpo": DPOData, "grpo": GRPOData, "ppo": GRPOData}

@@ -262,13 +262,20 @@ class PPORollout:
         return charges
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this rollout: the KL controller's state, if any."""
-        return {} if self.kl_in_reward is None else {"kl_in_reward": self.kl_in_reward.state_dict()}
+        """What a checkpoint keeps of this rollout: the KL controller's state and the
+        sampler's (its correction bounds), if any."""
+        state = dict(getattr(self.episodes, "state_dict", dict)())
+        if self.kl_in_reward is not None:
+            state["kl_in_reward"] = self.kl_in_reward.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state_dict``'s output (a checkpoint without it changes nothing)."""
+        """Continue from ``state_dict``'s output (a checkpoint without a part leaves it)."""
         if self.kl_in_reward is not None and "kl_in_reward" in state:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
+        load = getattr(self.episodes, "load_state_dict", None)
+        if callable(load):
+            load({k: v for k, v in state.items() if k != "kl_in_reward"})
 
 
 __all__ = ["PPORollout", "SingleActionError", "action_order", "episode_targets"]

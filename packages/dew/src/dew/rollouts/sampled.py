@@ -50,6 +50,7 @@ from dew.sessions.packing import pack
 from dew.sessions.records import Call, Session, Status
 
 if TYPE_CHECKING:
+    from dew.rollouts.correction_caps import AdaptiveCorrection
     from dew.rollouts.dynamic_sampling import DynamicSampling
     from dew.rollouts.shaping import KLInReward, Overlong
 
@@ -89,6 +90,10 @@ class SampledRollout:
       dynamic_sampling: ``dew.rollouts.dynamic_sampling.DynamicSampling``: train on its
         ``groups`` groups whose scores differ, drawing the prompts again up to its cap; the
         batch then holds ``groups * groups_per_prompt`` rows.
+      correction: ``dew.rollouts.correction_caps.AdaptiveCorrection``: the batch carries the
+        TIS cap (or IcePop band) measured from its own ratios of ``old_log_probs`` to
+        ``behavior_log_probs`` (``behavior_cap``, ``behavior_floor``), which the loss uses
+        in place of ``behavior_importance``'s constants.
     """
 
     def __init__(
@@ -106,6 +111,7 @@ class SampledRollout:
         overlong: Overlong | None = None,
         kl_in_reward: KLInReward | None = None,
         dynamic_sampling: DynamicSampling | None = None,
+        correction: AdaptiveCorrection | None = None,
     ) -> None:
         if not baseline and (not is_int(groups) or groups < 1):
             raise ValueError(f"groups: expected a positive integer, got {groups!r}")
@@ -144,6 +150,7 @@ class SampledRollout:
             overlong.penalties(np.zeros(1), max_new_tokens)  # its buffer fits the budget
         self.kl_in_reward = kl_in_reward
         self.dynamic_sampling = dynamic_sampling
+        self.correction = correction
         self._reference: Any = None
         if kl_in_reward is not None:
             from dew.rollouts.shaping import reference_of
@@ -258,6 +265,12 @@ class SampledRollout:
             out = self._pack(sessions, drawn)
         if self.rescore:
             out["old_log_probs"] = old_log_probs
+        if self.correction is not None and "old_log_probs" in out:
+            columns, measured = self.correction.observe(
+                out, out["old_log_probs"], out["behavior_log_probs"]
+            )
+            out.update(columns)
+            metrics.update(measured)
         out["rewards"] = rewards
         self.last_timings = timings
         self.last_rewards = rewards
@@ -352,13 +365,16 @@ class SampledRollout:
         return shaped, rewards
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this rollout: the KL controller's state, if any."""
-        return {} if self.kl_in_reward is None else {"kl_in_reward": self.kl_in_reward.state_dict()}
+        """What a checkpoint keeps of this rollout: its controllers' states (KL coefficient,
+        correction bounds), if it has any."""
+        parts = {"kl_in_reward": self.kl_in_reward, "correction": self.correction}
+        return {name: part.state_dict() for name, part in parts.items() if part is not None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state_dict``'s output (a checkpoint without it changes nothing)."""
-        if self.kl_in_reward is not None and "kl_in_reward" in state:
-            self.kl_in_reward.load_state_dict(state["kl_in_reward"])
+        """Continue from ``state_dict``'s output (a checkpoint without a part leaves it)."""
+        for name, part in (("kl_in_reward", self.kl_in_reward), ("correction", self.correction)):
+            if part is not None and name in state:
+                part.load_state_dict(state[name])
 
 
 __all__ = ["RewardError", "SampledRollout", "default_decode"]

@@ -37,6 +37,11 @@ Two modes, as in verl 0.9.1:
   the detached current policy with behavior. A TIS cap is refused: it would count the same
   correction twice.
 
+A batch may carry the bounds themselves (``behavior_cap``, and for a band ``behavior_floor``,
+one value on every row, as ``dew.rollouts.correction_caps.AdaptiveCorrection`` measures them);
+they then replace the constants of ``behavior_importance``, whose kind (cap or band) still
+decides which correction applies.
+
 Rejected tokens leave the loss and its denominator, the KL term included: the KL is averaged
 over the same kept tokens as the policy term. That is verl's decoupled behaviour (its trainer
 rewrites ``response_mask`` before the actor sees it); in bypass mode verl rejects inside the
@@ -80,6 +85,7 @@ class Inputs(NamedTuple):
     old: jax.Array  # the ratio's denominator
     proximal: jax.Array  # what the corrections compare with behavior
     bypass: bool  # no old_log_probs: behavior stands in for old
+    bounds: tuple[jax.Array | None, jax.Array | None] = (None, None)  # adaptive (floor, cap)
 
 
 def _field(batch: Mapping[str, jax.Array], name: str, like: jax.Array) -> jax.Array:
@@ -124,7 +130,10 @@ def read_inputs(
     else:
         old = _field(batch, "old_log_probs", log_probs).astype(dtype)
         proximal = old
-    return Inputs(mask, segments, advantages, behavior, old, proximal, bypass)
+    # adaptive bounds (dew.rollouts.correction_caps): one value repeated on every row
+    floor, cap = (jnp.max(jnp.asarray(batch[k])) if k in batch else None
+                  for k in ("behavior_floor", "behavior_cap"))  # fmt: skip
+    return Inputs(mask, segments, advantages, behavior, old, proximal, bypass, (floor, cap))
 
 
 def correct(
@@ -135,7 +144,13 @@ def correct(
     metrics: Metrics = {}
     keep = mask
     weights = None
-    importance = options.behavior_importance
+    importance: Any = options.behavior_importance
+    floor, cap = inputs.bounds
+    if isinstance(importance, tuple):  # the batch's adaptive band replaces the constants
+        importance = (importance[0] if floor is None else floor,
+                      importance[1] if cap is None else cap)  # fmt: skip
+    elif importance is not None and cap is not None:
+        importance = cap
     if behavior is not None:
         if inputs.bypass and isinstance(importance, tuple):
             low, high = importance
