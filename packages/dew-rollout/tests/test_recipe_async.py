@@ -84,6 +84,30 @@ def test_train_grpo_async_draws_one_batch_ahead(tmp_path, monkeypatch, capsys):
     assert saved["rollout"]["mode"] == "async" and saved["rollout"]["max_lag"] == 1
 
 
+def test_train_grpo_async_adapts_its_correction_and_checkpoints_it(tmp_path, monkeypatch):
+    """``behavior_importance_quantile``: the scheduler measures each batch's cap; it is logged
+    (rollout.jsonl and metrics.jsonl) and its running estimate is in every checkpoint."""
+    reward = write_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "adaptive"
+    config = grpo_config(tmp_path, run_dir, reward, 3)
+    raw = json.loads(config.read_text())
+    raw["objective"].update(behavior_importance_quantile=0.9, behavior_importance_decay=0.5)
+    config.write_text(json.dumps(raw))
+    assert main(["train", "grpo", "--config", str(config)]) == 0
+    caps = [r["correction/cap"] for r in records(run_dir)]
+    measured = [r["correction/measured_cap"] for r in records(run_dir)]
+    assert len(caps) == 3 and all(c >= 1.0 for c in caps)
+    assert max(measured[1:]) > 1.0 + 1e-3  # one update behind: the ratios spread past 1
+    assert caps[0] == measured[0]  # the first batch's own measurement, then halfway each time
+    assert caps[1] == pytest.approx(0.5 * caps[0] + 0.5 * measured[1])
+    logged = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
+    assert [m["correction/cap"] for m in logged] == pytest.approx(caps)
+    metas = sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
+    state = json.loads(metas[-1].read_text())["extra"]["rollout"]["correction"]
+    assert state["cap"] == pytest.approx(caps[-1]) and state["floor"] is None
+
+
 def test_train_ppo_async_draws_one_batch_ahead_and_trains_its_critic(tmp_path, monkeypatch,
                                                                      capsys):  # fmt: skip
     """PPO draws through the same scheduler: the engine serves the policy half, and each

@@ -249,6 +249,31 @@ def test_old_log_probs_are_rescored_under_the_current_weights(tiny, objective):
     np.testing.assert_array_equal(out["behavior_log_probs"][out["response_mask"] == 1] < 0, True)
 
 
+def test_an_adaptive_correction_measures_each_packed_batch(tiny, objective):
+    from dew.rollouts.correction_caps import AdaptiveCorrection
+
+    correction = AdaptiveCorrection(0.9, band=True, decay=0.5)
+    scheduler, _, records, _ = scheduler_for(
+        objective, lambda task, n: Plan(), ahead=0, correction=correction
+    )
+    first, second = drive(scheduler, id_batches(2), tiny.variables)
+    # what the loss will read: one value per row, measured from this batch's own ratios
+    keep = (first["response_mask"] > 0) & (first["session_index"] >= 0)
+    ratios = np.exp(first["old_log_probs"] - first["behavior_log_probs"])[keep]
+    measured = max(1.0, float(np.quantile(ratios.astype(np.float64), 0.9)))
+    assert float(first["behavior_cap"][0]) == pytest.approx(measured, rel=1e-5)
+    assert first["behavior_floor"].shape == (B * G,)
+    assert records[0].metrics["correction/cap"] == pytest.approx(measured, rel=1e-5)
+    assert scheduler.last_metrics["correction/cap"] == pytest.approx(correction.cap)
+    # the second batch moves the running estimate half way; the state round-trips
+    assert scheduler.state_dict() == {"correction": correction.state_dict()}
+    other, _, _, _ = scheduler_for(objective, lambda task, n: Plan(), ahead=0,
+                                   correction=AdaptiveCorrection(0.9, band=True, decay=0.5))  # fmt: skip
+    other.load_state_dict(scheduler.state_dict())
+    assert other.correction.state_dict() == correction.state_dict()
+    assert float(second["behavior_cap"][0]) == pytest.approx(correction.cap, rel=1e-6)
+
+
 # ---------------------------------------------------------------- failures and refusals
 
 

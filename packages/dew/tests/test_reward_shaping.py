@@ -239,6 +239,9 @@ def test_asynchronous_rollouts_refuse_what_they_would_not_apply():
     ppo = PPOObjectiveConfig(kl_in_reward=0.1, behavior_importance=2.0)  # PPO charges it itself
     assert _rollout({"rollout": {"mode": "async"}}, "ppo", ppo).is_async
     assert _rollout({"rollout": {"mode": "sync"}}, "grpo", grpo) is not None
+    # the scheduler measures the adaptive correction itself
+    adaptive = GRPOObjectiveConfig(behavior_importance=2.0, behavior_importance_quantile=0.99)
+    assert _rollout({"rollout": {"mode": "async"}}, "grpo", adaptive).is_async
 
 
 @pytest.mark.parametrize(

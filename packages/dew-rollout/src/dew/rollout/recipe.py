@@ -120,6 +120,7 @@ def build_scheduler(
     progress: bool | None = None,
     episodes: Mapping[str, Any] | None = None,
     record: Callable[[dict[str, Any], Any], None] | None = None,
+    correction: Any = None,
 ) -> RolloutScheduler:
     """The ``RolloutScheduler`` of a config's ``rollout`` section (see the module docstring).
 
@@ -144,6 +145,8 @@ def build_scheduler(
         from the engine, whichever it is (native, vLLM or SGLang).
       record: called after each training batch with its ``rollout.jsonl`` line (a dict) and
         the batch's admitted ``Session`` list (``scheduler.last_sessions``).
+      correction: the stage's ``AdaptiveCorrection`` (adaptive TIS cap or IcePop band), or
+        None; the scheduler measures each batch it packs.
     """
     if episodes is not None:
         episodes = {k: episodes[k] for k in EPISODE_KEYS}
@@ -158,7 +161,7 @@ def build_scheduler(
         max_attempts=rollout.max_attempts, timeout=rollout.timeout,
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
         estimator=estimator, eos_ids=eos_ids, seed=seed,
-        journal=os.path.join(run_dir, JOURNAL), progress=progress,
+        journal=os.path.join(run_dir, JOURNAL), progress=progress, correction=correction,
     )  # fmt: skip
     scheduler.log = _records(run_dir, stack, scheduler, record)
     stack.callback(scheduler.close)

@@ -80,8 +80,7 @@ def attach(
     objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
         ppo.objective.policy_objective  # fmt: skip
     names = {"overlong": "overlong_buffer", "kl_in_reward": "kl_in_reward",
-             "dynamic_sampling": "dynamic_sampling_groups",
-             "correction": "behavior_importance_quantile"}  # fmt: skip
+             "dynamic_sampling": "dynamic_sampling_groups"}  # fmt: skip
     for key, name in names.items():  # applied by the trainer's own sampler only
         if getattr(drawn, key, None) is not None:
             raise ConfigError(f"{name}: {where}.mode async does not apply it (the scheduler "
@@ -94,6 +93,7 @@ def attach(
         max_new_tokens=drawn.max_new_tokens, sampling=drawn.sampling,
         eos_ids=_eos_ids(drawn.sampling), estimator=drawn.estimator, seed=seed,
         run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress, **_source(drawn),
+        correction=getattr(drawn, "correction", None),
     )  # fmt: skip
     if ppo is None:
         trainer.rollout = scheduler
@@ -131,6 +131,19 @@ class SessionRewards:
 
     def at_step(self, step: int, updates: int) -> None:
         self.scheduler.at_step(step, updates)
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The scheduler's (its correction bounds, when it adapts them)."""
+        return self.scheduler.last_metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state (its correction bounds), for the checkpoint."""
+        return dict(self.scheduler.state_dict())
+
+    def load_state_dict(self, state: Any) -> None:
+        """Hand a checkpoint's state back to the scheduler."""
+        self.scheduler.load_state_dict(state)
 
     def __call__(self, variables: Any, batch: Any, key: Any = None) -> dict[str, Any]:
         import numpy as np

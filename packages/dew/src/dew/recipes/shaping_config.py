@@ -21,9 +21,10 @@
 ==========================  ===============================================================
 
 Where they apply: GRPO on prompts (``rollout.mode: sync``) takes all of them; PPO on prompts
-takes all but dynamic sampling (its critic, not the group, is the baseline), and with
-``mode: async`` the KL keys only; PPO on tool episodes the KL keys only. Anywhere else a key
-set away from its default is refused, naming it.
+takes all but dynamic sampling (its critic, not the group, is the baseline). With
+``mode: async`` the scheduler measures the correction bounds (both kinds) and PPO keeps its
+KL keys; the rest is refused there. PPO on tool episodes takes the KL keys only. Anywhere
+else a key set away from its default is refused, naming it.
 """
 
 from __future__ import annotations

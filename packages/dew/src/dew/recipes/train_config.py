@@ -327,10 +327,17 @@ def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutCo
             "2.0) or an IcePop band [low, high]"
         )
     if config.is_async:  # the scheduler draws the batches: the sampler's shaping never runs
-        from dew.recipes.shaping_config import KL_KEYS, SHAPING_KEYS, refuse_shaping
+        from dew.recipes.shaping_config import (
+            CORRECTION_KEYS,
+            KL_KEYS,
+            SHAPING_KEYS,
+            refuse_shaping,
+        )
 
-        # PPO charges the KL in its own rollout, after the scheduler's batch
-        keys = tuple(k for k in SHAPING_KEYS if kind == "grpo" or k not in KL_KEYS)
+        # the scheduler measures the correction bounds itself; PPO charges the KL in its own
+        # rollout, after the scheduler's batch
+        keys = tuple(k for k in SHAPING_KEYS if k not in CORRECTION_KEYS
+                     and (kind == "grpo" or k not in KL_KEYS))  # fmt: skip
         refuse_shaping(dataclasses.asdict(objective), lambda k: f"objective.{k}",
                        "rollout.mode async does not apply it; expected mode: sync", keys)  # fmt: skip
     return config

@@ -115,6 +115,11 @@ class RolloutScheduler:
       journal: a directory for ``WeightJournal`` (exact resume of in-flight work); its writer
         lock is held until ``close``, so two schedulers cannot share one.
       progress: draw the progress bar (``None``: only on a terminal).
+      correction: an ``AdaptiveCorrection`` (``dew.rollouts.correction_caps``): each packed
+        batch carries the TIS cap (or IcePop band) measured from its own ratios of the
+        rescored ``old_log_probs`` to ``behavior_log_probs``; the measurement joins the
+        record's metrics and ``last_metrics``, and its running estimate is
+        ``state_dict``'s (single-process trainers only).
     """
 
     def __init__(
@@ -142,6 +147,7 @@ class RolloutScheduler:
         log: Callable[[SchedulerRecord], None] | None = None,
         journal: str | None = None,
         progress: bool | None = None,
+        correction: Any = None,
     ) -> None:
         _check_protocols(objective, source, weights, tasks)
         width = _count(width, "width", 2)
@@ -159,6 +165,8 @@ class RolloutScheduler:
             admit = _count(admit, "admit", 1)
         if journal is not None and jax.process_count() > 1:
             raise ValueError("journal: supported on a single-process trainer only")
+        if correction is not None and jax.process_count() > 1:
+            raise ValueError("correction: supported on a single-process trainer only")
         self.objective = objective
         self.source = source
         self.weights = weights
@@ -184,6 +192,8 @@ class RolloutScheduler:
         self._step = 0
         self._rescore = jax.jit(objective.packed_log_probs)
         self._mesh: Any = None
+        self.correction = correction
+        self.last_metrics: dict[str, float] = {}
 
     # -- the trainer's side ---------------------------------------------------------------
 
@@ -336,6 +346,13 @@ class RolloutScheduler:
         oldest = min(versions) if versions else updates
         metrics = session_metrics(sessions, out, latencies=latencies or None,
                                   version=updates, truncation=self.truncation)  # fmt: skip
+        if self.correction is not None:  # bounds measured on this batch's own ratios
+            columns, measured = self.correction.observe(
+                out, out["old_log_probs"], out["behavior_log_probs"]
+            )
+            out.update(columns)
+            metrics.update(measured)
+            self.last_metrics = measured
         counts = work.counts
         record = SchedulerRecord(
             step=self._step, index=work.index, updates=updates, version=oldest,
@@ -345,6 +362,16 @@ class RolloutScheduler:
             waited=waited, pushed=pushed, metrics=metrics,
         )  # fmt: skip
         return out, record
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the scheduler: its correction bounds, if it adapts them
+        (the weights and submissions are the journal's)."""
+        return {} if self.correction is None else {"correction": self.correction.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict``'s output."""
+        if self.correction is not None and "correction" in state:
+            self.correction.load_state_dict(state["correction"])
 
     def _rescored(self, variables: Any, batch: dict[str, Any]) -> np.ndarray:
         if jax.process_count() == 1:
