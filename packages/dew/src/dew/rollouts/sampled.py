@@ -244,8 +244,8 @@ class SampledRollout:
             metrics["reward/score"] = float(np.mean(scores))
             metrics["reward/overlong_share"] = float(np.mean(penalties < 0))
         sessions = [
-            self._session(contexts[rows[i // self.groups]], i, draw, float(rewards[i]))
-            for i, draw in enumerate(drawn)
+            self._session(contexts[rows[i // self.groups]], i, one, float(rewards[i]))
+            for i, one in enumerate(drawn)
         ]
         timings["reward"] += time.perf_counter() - start
 
@@ -265,7 +265,13 @@ class SampledRollout:
             out = self._pack(sessions, drawn)
         if self.rescore:
             out["old_log_probs"] = old_log_probs
-        if self.correction is not None and "old_log_probs" in out:
+        if self.correction is not None:
+            if "old_log_probs" not in out:
+                raise ValueError(
+                    "correction: the adaptive bounds compare old_log_probs with "
+                    "behavior_log_probs, and this batch has no old_log_probs (rescore=True "
+                    "adds them)"
+                )
             columns, measured = self.correction.observe(
                 out, out["old_log_probs"], out["behavior_log_probs"]
             )
