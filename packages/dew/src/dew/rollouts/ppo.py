@@ -251,15 +251,10 @@ class PPORollout:
         metrics: dict[str, float],
     ) -> np.ndarray:
         """``[B, W]`` KL charges of the cohort's actions; steps the controller."""
-        shaping = self.kl_in_reward
         log_probs = np.asarray(jax.device_get(self._log_probs(variables, rows)), np.float32)
         reference = self._reference_log_probs(self._reference, rows)
         ref_log_probs = np.asarray(jax.device_get(reference), np.float32)
-        charges, current_kl, episodes = shaping.charges(out, log_probs, ref_log_probs)
-        metrics["reward/kl_penalty"] = current_kl
-        metrics["reward/kl_coefficient"] = shaping.coefficient
-        shaping.update(current_kl, episodes)
-        return charges
+        return self.kl_in_reward.charge(out, log_probs, ref_log_probs, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of this rollout: the KL controller's state and the

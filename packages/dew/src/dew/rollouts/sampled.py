@@ -356,15 +356,11 @@ class SampledRollout:
         """Each session's reward less its summed KL charge; steps the controller."""
         shaping = self.kl_in_reward
         assert shaping is not None
-        ref_log_probs = self._rescored(self._reference, out)
-        charges, current_kl, episodes = shaping.charges(out, log_probs, ref_log_probs)
+        charges = shaping.charge(out, log_probs, self._rescored(self._reference, out), metrics)
         index = np.asarray(out["session_index"])
         charged = index >= 0
         totals = np.bincount(index[charged], weights=charges[charged], minlength=len(sessions))
         rewards = (rewards - totals).astype(np.float32)
-        metrics["reward/kl_penalty"] = current_kl
-        metrics["reward/kl_coefficient"] = shaping.coefficient
-        shaping.update(current_kl, episodes)
         shaped = [
             dataclasses.replace(s, reward=float(r)) for s, r in zip(sessions, rewards, strict=True)
         ]

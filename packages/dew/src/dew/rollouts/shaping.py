@@ -150,6 +150,21 @@ class KLInReward:
         charges[rows, cols] = -np.asarray(rewards)[line, slot]
         return charges, float(current_kl), int(present.size)
 
+    def charge(
+        self,
+        batch: Mapping[str, Any],
+        log_probs: Any,
+        ref_log_probs: Any,
+        metrics: dict[str, float],
+    ) -> np.ndarray:
+        """One batch's step: its ``[B, W]`` charges (``charges``), the KL and the coefficient
+        it was charged with recorded in ``metrics``, then the controller's ``update``."""
+        charges, current_kl, episodes = self.charges(batch, log_probs, ref_log_probs)
+        metrics["reward/kl_penalty"] = current_kl
+        metrics["reward/kl_coefficient"] = self.coefficient
+        self.update(current_kl, episodes)
+        return charges
+
     def update(self, current_kl: float, n_steps: int) -> None:
         """The controller's step after a batch (nothing for a fixed coefficient)."""
         if self.adaptive:
