@@ -86,15 +86,27 @@ def test_train_grpo_async_draws_one_batch_ahead(tmp_path, monkeypatch, capsys):
 
 def test_train_grpo_async_adapts_its_correction_and_checkpoints_it(tmp_path, monkeypatch):
     """``behavior_importance_quantile``: the scheduler measures each batch's cap; it is logged
-    (rollout.jsonl and metrics.jsonl) and its running estimate is in every checkpoint."""
+    (rollout.jsonl and metrics.jsonl) and its running estimate is in every checkpoint. The
+    same run samples dynamically (the scheduler's admission draws uniform groups again)."""
     reward = write_files(tmp_path)
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "adaptive"
     config = grpo_config(tmp_path, run_dir, reward, 3)
     raw = json.loads(config.read_text())
-    raw["objective"].update(behavior_importance_quantile=0.9, behavior_importance_decay=0.5)
+    raw["objective"].update(behavior_importance_quantile=0.9, behavior_importance_decay=0.5,
+                            dynamic_sampling_groups=2, dynamic_sampling_draws=3)  # fmt: skip
     config.write_text(json.dumps(raw))
+    raw["rollout"]["admit"] = 1
+    refused = tmp_path / "refused.yaml"
+    refused.write_text(json.dumps(raw))
+    assert main(["train", "grpo", "--config", str(refused)]) == 2  # admit is dynamic's
+    assert not run_dir.exists()
     assert main(["train", "grpo", "--config", str(config)]) == 0
+    for drawn in records(run_dir):
+        assert drawn["admitted_groups"] == 2 and 1 <= drawn["sampling/draws"] <= 3
+        assert 0 <= drawn["sampling/filled_groups"] <= 2
+    assert all("sampling/informative_share" in json.loads(line)
+               for line in open(run_dir / "metrics.jsonl"))  # fmt: skip
     caps = [r["correction/cap"] for r in records(run_dir)]
     measured = [r["correction/measured_cap"] for r in records(run_dir)]
     assert len(caps) == 3 and all(c >= 1.0 for c in caps)

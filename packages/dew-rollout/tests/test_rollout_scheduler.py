@@ -30,6 +30,7 @@ from dew.rollout import (
     prompt_tasks,
     task_ids,
 )
+from dew.rollouts.dynamic_sampling import DynamicSampling
 from dew.testing import TerminalStream as Terminal
 
 B, G = 2, 2
@@ -191,6 +192,56 @@ def test_admit_takes_the_first_groups_and_cancels_the_rest(tiny, objective):
     assert record.admitted_groups == 2 and record.groups == 3 and record.cancelled == 2
     assert {s.task for s in scheduler.last_sessions} == {0, 2}
     assert sorted(source.cancelled) == [(1, 0), (1, 1)]
+
+
+def test_dynamic_sampling_draws_uniform_groups_again_and_admits_those_with_signal(tiny, objective):
+    # task 0 scores [1, 1] then [0, 1]: drawn twice; task 1 is uniform and slow; task 2 differs
+    def script(task, n):
+        if task == 1:
+            return Plan(reward=1.0, delay=0.5)
+        return Plan(reward=1.0 if task == 0 and n < 2 else float(n % 2))
+
+    sampling = DynamicSampling(groups=2, max_draws=3)
+    scheduler, source, records, _ = scheduler_for(
+        objective, script, ahead=0, dynamic_sampling=sampling
+    )
+    drive(scheduler, id_batches(1, tasks=3), tiny.variables)
+    (record,) = records
+    assert record.admitted_groups == 2 and record.groups == 3
+    assert labels(scheduler) == [(0, 0, 0, 1), (0, 0, 1, 1), (2, 2, 0, 0), (2, 2, 1, 0)]
+    seeds = [seed for task, _, seed in source.submitted if task == 0]
+    assert len(seeds) == 4 and len(set(seeds)) == 4  # the second round draws afresh
+    assert record.metrics["sampling/filled_groups"] == 0.0
+    assert record.metrics["sampling/draws"] >= 2.0
+    assert scheduler.last_metrics["sampling/filled_groups"] == 0.0
+    assert sorted(source.cancelled) == [(1, 0), (1, 1)]  # the slow uniform group: dropped
+
+
+def test_dynamic_sampling_fills_with_a_uniform_group_at_its_last_round(tiny, objective):
+    script = lambda task, n: Plan(reward=1.0 if task == 1 else float(n % 2))  # noqa: E731
+    sampling = DynamicSampling(groups=2, max_draws=2)
+    scheduler, source, records, _ = scheduler_for(
+        objective, script, ahead=0, dynamic_sampling=sampling
+    )
+    drive(scheduler, id_batches(1), tiny.variables)
+    (record,) = records
+    assert record.admitted_groups == 2
+    assert source.counts[1] == 2 * G and source.counts[0] == G
+    assert {s.attempt for s in scheduler.last_sessions if s.task == 1} == {1}
+    assert record.metrics["sampling/draws"] == 2.0
+    assert record.metrics["sampling/filled_groups"] == 1.0
+    assert record.metrics["sampling/informative_share"] == pytest.approx(1 / 3)
+
+
+def test_dynamic_sampling_refusals(tiny, objective):
+    script = lambda task, n: Plan()  # noqa: E731
+    with pytest.raises(ValueError, match="admit: dynamic sampling admits its own 2 groups"):
+        scheduler_for(objective, script, admit=1, dynamic_sampling=DynamicSampling(2))
+    scheduler, *_ = scheduler_for(objective, script, ahead=0,
+                                  dynamic_sampling=DynamicSampling(3))  # fmt: skip
+    with pytest.raises(ValueError, match="dynamic_sampling_groups: expected at most the 2 tasks"):
+        drive(scheduler, id_batches(1), tiny.variables)
+    scheduler.close()
 
 
 def test_stale_rollouts_are_discarded_and_running_ones_cancelled(tiny, objective):

@@ -242,6 +242,11 @@ def test_asynchronous_rollouts_refuse_what_they_would_not_apply():
     # the scheduler measures the adaptive correction itself
     adaptive = GRPOObjectiveConfig(behavior_importance=2.0, behavior_importance_quantile=0.99)
     assert _rollout({"rollout": {"mode": "async"}}, "grpo", adaptive).is_async
+    # and filters uniform groups in its admission, which then owns admit
+    dynamic = GRPOObjectiveConfig(behavior_importance=2.0, dynamic_sampling_groups=2)
+    assert _rollout({"rollout": {"mode": "async"}}, "grpo", dynamic).is_async
+    with pytest.raises(ConfigError, match="rollout.admit: dynamic sampling admits its own 2"):
+        _rollout({"rollout": {"mode": "async", "admit": 1}}, "grpo", dynamic)
 
 
 @pytest.mark.parametrize(

@@ -121,6 +121,7 @@ def build_scheduler(
     episodes: Mapping[str, Any] | None = None,
     record: Callable[[dict[str, Any], Any], None] | None = None,
     correction: Any = None,
+    dynamic_sampling: Any = None,
 ) -> RolloutScheduler:
     """The ``RolloutScheduler`` of a config's ``rollout`` section (see the module docstring).
 
@@ -147,6 +148,8 @@ def build_scheduler(
         the batch's admitted ``Session`` list (``scheduler.last_sessions``).
       correction: the stage's ``AdaptiveCorrection`` (adaptive TIS cap or IcePop band), or
         None; the scheduler measures each batch it packs.
+      dynamic_sampling: the stage's ``DynamicSampling`` (DAPO's filter), or None; the
+        scheduler's admission applies it.
     """
     if episodes is not None:
         episodes = {k: episodes[k] for k in EPISODE_KEYS}
@@ -162,6 +165,7 @@ def build_scheduler(
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
         estimator=estimator, eos_ids=eos_ids, seed=seed,
         journal=os.path.join(run_dir, JOURNAL), progress=progress, correction=correction,
+        dynamic_sampling=dynamic_sampling,
     )  # fmt: skip
     scheduler.log = _records(run_dir, stack, scheduler, record)
     stack.callback(scheduler.close)

@@ -79,12 +79,15 @@ def attach(
     # correction), else the sampler's (an EpisodeRollout has none: the trainer's)
     objective = getattr(drawn, "objective", trainer.objective) if ppo is None else \
         ppo.objective.policy_objective  # fmt: skip
-    names = {"overlong": "overlong_buffer", "kl_in_reward": "kl_in_reward",
-             "dynamic_sampling": "dynamic_sampling_groups"}  # fmt: skip
+    names = {"overlong": "overlong_buffer", "kl_in_reward": "kl_in_reward"}
     for key, name in names.items():  # applied by the trainer's own sampler only
         if getattr(drawn, key, None) is not None:
             raise ConfigError(f"{name}: {where}.mode async does not apply it (the scheduler "
                               "draws the batches); expected mode: sync, or it unset")  # fmt: skip
+    dynamic = getattr(drawn, "dynamic_sampling", None)  # the scheduler's admission filters
+    if dynamic is not None and config.admit is not None:
+        raise ConfigError(f"{where}.admit: dynamic sampling admits its own {dynamic.groups} "
+                          f"groups; expected admit unset, got {config.admit}")  # fmt: skip
     build = load_plugin("async_rollout", f"{where}.mode", "dew-rollout")
     params = _policy_half(trainer, jax.device_get(trainer.initial_state().params))
     scheduler = build(
@@ -93,7 +96,7 @@ def attach(
         max_new_tokens=drawn.max_new_tokens, sampling=drawn.sampling,
         eos_ids=_eos_ids(drawn.sampling), estimator=drawn.estimator, seed=seed,
         run_dir=os.fspath(run_dir), stack=stack, progress=trainer.progress, **_source(drawn),
-        correction=getattr(drawn, "correction", None),
+        correction=getattr(drawn, "correction", None), dynamic_sampling=dynamic,
     )  # fmt: skip
     if ppo is None:
         trainer.rollout = scheduler

@@ -22,8 +22,9 @@
 
 Where they apply: GRPO on prompts (``rollout.mode: sync``) takes all of them; PPO on prompts
 takes all but dynamic sampling (its critic, not the group, is the baseline). With
-``mode: async`` the scheduler measures the correction bounds (both kinds) and PPO keeps its
-KL keys; the rest is refused there. PPO on tool episodes takes the KL keys only. Anywhere
+``mode: async`` the scheduler measures the correction bounds (both kinds), GRPO's dynamic
+sampling moves into the scheduler's admission (a uniform group is drawn again; ``rollout.admit``
+must then stay unset) and PPO keeps its KL keys; the rest is refused there. PPO on tool episodes takes the KL keys only. Anywhere
 else a key set away from its default is refused, naming it.
 """
 

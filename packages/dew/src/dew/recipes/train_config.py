@@ -329,17 +329,23 @@ def _rollout(mapping: Mapping[str, Any], kind: str, objective: Any) -> RolloutCo
     if config.is_async:  # the scheduler draws the batches: the sampler's shaping never runs
         from dew.recipes.shaping_config import (
             CORRECTION_KEYS,
+            DYNAMIC_KEYS,
             KL_KEYS,
             SHAPING_KEYS,
             refuse_shaping,
         )
 
-        # the scheduler measures the correction bounds itself; PPO charges the KL in its own
-        # rollout, after the scheduler's batch
-        keys = tuple(k for k in SHAPING_KEYS if k not in CORRECTION_KEYS
+        # the scheduler measures the correction bounds and filters uniform groups itself;
+        # PPO charges the KL in its own rollout, after the scheduler's batch
+        keys = tuple(k for k in SHAPING_KEYS if k not in CORRECTION_KEYS + DYNAMIC_KEYS
                      and (kind == "grpo" or k not in KL_KEYS))  # fmt: skip
         refuse_shaping(dataclasses.asdict(objective), lambda k: f"objective.{k}",
                        "rollout.mode async does not apply it; expected mode: sync", keys)  # fmt: skip
+        groups = getattr(objective, "dynamic_sampling_groups", None)
+        if groups is not None and config.admit is not None:
+            raise ConfigError(f"rollout.admit: dynamic sampling admits its own {groups} groups "
+                              f"(objective.dynamic_sampling_groups); expected admit unset, got "
+                              f"{config.admit}")  # fmt: skip
     return config
 
 

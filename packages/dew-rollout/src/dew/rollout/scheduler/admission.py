@@ -13,7 +13,10 @@ By status:
 - with ``timeout``, a rollout running longer is cancelled and submitted again as a failure.
 
 A group completes when ``groups`` of its samples are admitted (the rest of an oversampled
-group are cancelled). It then joins the batch only if the chains of every group admitted so far
+group are cancelled). With ``max_draws > 1`` (DAPO's dynamic sampling) a group of two or more
+whose admitted samples all train on the same reward carries no signal: its samples are
+drawn again (fresh seeds: each sample's attempt counts up), at most ``max_draws`` rounds in
+all; a group still uniform at its last round completes as it is (counted ``filled``). It then joins the batch only if the chains of every group admitted so far
 fit ``rows`` rows; otherwise it is cut. A group that cannot fit ``rows`` rows on its own
 raises. With ``admit=M`` the batch closes after ``M`` complete groups and the others are
 cancelled. A future that raises (the source itself failed) propagates.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from typing import Any
 
 from dew.rollout.scheduler.work import (
     ABANDONED,
@@ -53,6 +57,7 @@ class Rules:
     truncation: str
     timeout: float | None
     admit: int | None
+    max_draws: int = 1
 
 
 class Admission:
@@ -90,6 +95,11 @@ class Admission:
     def collect(self, work: BatchWork, updates: int) -> None:
         """Wait until every group of ``work`` is complete, cut or abandoned (or ``admit``
         groups are complete)."""
+        if self.rules.max_draws > 1 and (self.rules.admit or 0) > len(work.groups):
+            raise ValueError(
+                f"dynamic_sampling_groups: expected at most the {len(work.groups)} tasks of "
+                f"batch {work.index}, got {self.rules.admit}"
+            )
         while work.open_groups():
             self.expire(work, updates)
             futures = work.futures()
@@ -151,7 +161,7 @@ class Admission:
         )  # fmt: skip
         group.latencies[entry.sample] = work.now() - entry.started
         if len(group.admitted) >= self.rules.groups:
-            self._complete(work, entry.group)
+            self._drawn(work, entry.group)
 
     def _failed(self, work: BatchWork, entry: Entry, cause: str) -> None:
         group = work.groups[entry.group]
@@ -170,11 +180,30 @@ class Admission:
             self.cancel(other)
             work.counts["cancelled"] += 1
 
-    def _complete(self, work: BatchWork, index: int) -> None:
+    def _drawn(self, work: BatchWork, index: int) -> None:
+        """A round of group ``index`` is in: complete it, or (uniform, under dynamic
+        sampling, rounds left) draw its samples again."""
         group = work.groups[index]
         self._stop_group(work, index)  # oversampled samples still running
         keep = sorted(group.admitted)[: self.rules.groups]
         group.admitted = {s: group.admitted[s] for s in keep}
+        if self.rules.max_draws > 1:
+            scores = {_score(group.admitted[s], self.rules.truncation) for s in keep}
+            uniform = len(keep) > 1 and len(scores) == 1
+            work.counts["drawn"] += 1
+            work.counts["uniform"] += uniform
+            if uniform and group.draws < self.rules.max_draws:
+                group.draws += 1
+                group.admitted, group.latencies = {}, {}
+                for sample in range(work.samples):
+                    self.resubmit(work, index, sample)
+                return
+            work.counts["filled"] += uniform
+        self._complete(work, index)
+
+    def _complete(self, work: BatchWork, index: int) -> None:
+        group = work.groups[index]
+        keep = sorted(group.admitted)
         mine = [group.admitted[s] for s in keep]
         width, rows, truncation = self.rules.width, self.rules.rows, self.rules.truncation
         alone = rows_needed(chain_lengths(mine, width, truncation), width)
@@ -198,4 +227,40 @@ class Admission:
                     self._stop_group(work, other)
 
 
-__all__ = ["Admission", "Rules"]
+def dynamic_rules(dynamic_sampling: Any, admit: int | None) -> tuple[int | None, int]:
+    """``(admit, max_draws)`` of a scheduler given ``dynamic_sampling`` (a
+    ``dew.rollouts.dynamic_sampling.DynamicSampling`` or None): its ``groups`` become the
+    batch's ``admit`` (the first groups with signal train), its ``max_draws`` the rounds."""
+    if dynamic_sampling is None:
+        return admit, 1
+    if admit is not None:
+        raise ValueError(
+            f"admit: dynamic sampling admits its own {dynamic_sampling.groups} groups, "
+            f"expected admit unset, got {admit!r}"
+        )
+    return int(dynamic_sampling.groups), int(dynamic_sampling.max_draws)
+
+
+def sampling_metrics(work: BatchWork, rules: Rules) -> dict[str, float]:
+    """Dynamic sampling's metrics for a collected batch (empty when it is off), named as
+    the synchronous rollout names them: ``sampling/draws`` (rounds of the most drawn
+    group), ``sampling/informative_share`` (rounds with signal among rounds drawn) and
+    ``sampling/filled_groups`` (uniform groups trained at their last round)."""
+    if rules.max_draws <= 1:
+        return {}
+    drawn = work.counts["drawn"]
+    return {
+        "sampling/draws": float(max((g.draws for g in work.groups), default=1)),
+        "sampling/informative_share": (drawn - work.counts["uniform"]) / max(1, drawn),
+        "sampling/filled_groups": float(work.counts["filled"]),
+    }
+
+
+def _score(session: Session, truncation: str) -> float:
+    """The reward ``session`` trains on, as dynamic sampling compares them (none: 0)."""
+    if session.reward is None or (session.status is Status.TRUNCATED and truncation == "zero"):
+        return 0.0
+    return float(session.reward)
+
+
+__all__ = ["Admission", "Rules", "dynamic_rules", "sampling_metrics"]

@@ -37,7 +37,7 @@ import numpy as np
 from dew.checks import is_int
 from dew.data.dataset import Dataset
 from dew.progress import TerminalBar
-from dew.rollout.scheduler.admission import Admission, Rules
+from dew.rollout.scheduler.admission import Admission, Rules, dynamic_rules, sampling_metrics
 from dew.rollout.scheduler.journal import WeightJournal
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
@@ -120,6 +120,9 @@ class RolloutScheduler:
         rescored ``old_log_probs`` to ``behavior_log_probs``; the measurement joins the
         record's metrics and ``last_metrics``, and its running estimate is
         ``state_dict``'s (single-process trainers only).
+      dynamic_sampling: a ``DynamicSampling`` (``dew.rollouts.dynamic_sampling``): DAPO's
+        filter in admission (``admission``): its ``groups`` groups with signal train (it
+        takes ``admit``'s place), uniform groups are drawn again up to ``max_draws`` rounds.
     """
 
     def __init__(
@@ -148,6 +151,7 @@ class RolloutScheduler:
         journal: str | None = None,
         progress: bool | None = None,
         correction: Any = None,
+        dynamic_sampling: Any = None,
     ) -> None:
         _check_protocols(objective, source, weights, tasks)
         width = _count(width, "width", 2)
@@ -163,6 +167,7 @@ class RolloutScheduler:
             raise ValueError(f"timeout: expected None or seconds > 0, got {timeout!r}")
         if admit is not None:
             admit = _count(admit, "admit", 1)
+        admit, max_draws = dynamic_rules(dynamic_sampling, admit)
         if journal is not None and jax.process_count() > 1:
             raise ValueError("journal: supported on a single-process trainer only")
         if correction is not None and jax.process_count() > 1:
@@ -180,7 +185,8 @@ class RolloutScheduler:
         self.task_reader = tasks
         self.rules = Rules(groups, width, self.rows, max_lag,
                            _count(max_attempts, "max_attempts", 1), truncation,
-                           None if timeout is None else float(timeout), admit)  # fmt: skip
+                           None if timeout is None else float(timeout), admit,
+                           max_draws)  # fmt: skip
         self.admission = Admission(self.rules, self._resubmit, self._cancel, self._tick)
         self.journal = None if journal is None else WeightJournal(journal, ahead + sync_every + 1)
         self.stream = TaskStream(ahead, self._reopen)
@@ -346,13 +352,15 @@ class RolloutScheduler:
         oldest = min(versions) if versions else updates
         metrics = session_metrics(sessions, out, latencies=latencies or None,
                                   version=updates, truncation=self.truncation)  # fmt: skip
+        self.last_metrics = sampling_metrics(work, self.rules)
+        metrics.update(self.last_metrics)
         if self.correction is not None:  # bounds measured on this batch's own ratios
             columns, measured = self.correction.observe(
                 out, out["old_log_probs"], out["behavior_log_probs"]
             )
             out.update(columns)
             metrics.update(measured)
-            self.last_metrics = measured
+            self.last_metrics = {**self.last_metrics, **measured}
         counts = work.counts
         record = SchedulerRecord(
             step=self._step, index=work.index, updates=updates, version=oldest,

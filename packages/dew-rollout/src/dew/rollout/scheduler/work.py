@@ -39,6 +39,7 @@ class Group:
     attempts: Counter[int] = dataclasses.field(default_factory=Counter)
     state: str = OPEN
     order: int = -1  # position among the batch's completed groups
+    draws: int = 1  # rounds of samples drawn (dynamic sampling draws uniform groups again)
 
 
 class BatchWork:
