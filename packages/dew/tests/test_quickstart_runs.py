@@ -1,5 +1,6 @@
-"""Whole ``dew quickstart`` runs as a user starts them: the default preset on two seeds, and
-a run killed with SIGKILL at several moments that still ends with the uninterrupted result.
+"""Whole ``dew quickstart`` runs as a user starts them: the default preset on three seeds
+(started together), and a run killed with SIGKILL at several moments that still ends with
+the result of an uninterrupted run (running beside it).
 
 These take minutes, so they carry the ``quickstart`` marker: the default pytest options
 deselect it and the ``quickstart`` nox session runs exactly these.
@@ -56,8 +57,29 @@ def outcome(run_dir: Path) -> list[dict[str, Any]]:
     return stages
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed: int) -> None:
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The default preset on every seed, started together (each run is one process that
+    mostly compiles and runs small ops on one core, so they share the machine's cores);
+    yields ``{seed: (process, run_dir)}`` and stops whatever is left at the end."""
+    base = tmp_path_factory.mktemp("seeds")
+    runs = {
+        seed: (quickstart("--seed", str(seed), "--run-dir", str(base / f"seed{seed}")),
+               base / f"seed{seed}")
+        for seed in SEEDS
+    }  # fmt: skip
+    yield runs
+    for process, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_default_run_lifts_held_out_accuracy_at_every_stage(seed_runs: Any, seed: int) -> None:
     """SFT, DPO and GRPO each solve more of the 1000 held-out problems than their start
     (counted in solved problems, so float rounding of the accuracies cannot decide it), GRPO
     by at least 0.05 more than one standard error, and DPO ranks more of its pairs right.
@@ -67,8 +89,8 @@ def test_default_run_lifts_held_out_accuracy_at_every_stage(tmp_path: Path, seed
     habits, DPO's pairs (additions only) remove the dropped hundreds and GRPO's reward the
     forgotten borrow. Measured: DPO +0.21 to +0.28 and GRPO +0.10 to +0.18 over seeds 0-2 and
     two code paths, each at least nine standard errors of its start."""
-    run_dir = tmp_path / f"seed{seed}"
-    out = finish(quickstart("--seed", str(seed), "--run-dir", str(run_dir)))
+    process, run_dir = seed_runs[seed]
+    out = finish(process, timeout=1800)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["machine"]["cpu_kind"] in ("avx2", "avx512", "avx512+amx", "older")
     stages = outcome(run_dir)
@@ -93,7 +115,7 @@ def _checkpoints(path: Path) -> Callable[[], bool]:
 def test_sigkill_at_any_stage_resumes_to_the_same_result(tmp_path: Path) -> None:
     argv = ["--size", "tiny", "--steps", "0.5"]
     straight = tmp_path / "straight"
-    finish(quickstart(*argv, "--run-dir", str(straight)))
+    uninterrupted = quickstart(*argv, "--run-dir", str(straight))  # beside the killed ones
 
     killed = tmp_path / "killed"
     moments = [
@@ -101,15 +123,21 @@ def test_sigkill_at_any_stage_resumes_to_the_same_result(tmp_path: Path) -> None
         ("while DPO trains on its saved pairs", _has(killed / "dpo" / "metrics.jsonl")),
         ("inside GRPO, after its first checkpoint", _checkpoints(killed / "grpo" / "checkpoints")),
     ]
-    for moment, reached in moments:
-        process = quickstart(*argv, "--run-dir", str(killed))
-        deadline = time.monotonic() + 600
-        while not reached() and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert process.poll() is None, f"the run ended before the kill {moment}"
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        assert not (killed / "summary.json").exists(), moment
-    out = finish(quickstart(*argv, "--run-dir", str(killed)))
-    assert "finished earlier" in out
+    try:
+        for moment, reached in moments:
+            process = quickstart(*argv, "--run-dir", str(killed))
+            deadline = time.monotonic() + 600
+            while not reached() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert process.poll() is None, f"the run ended before the kill {moment}"
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            assert not (killed / "summary.json").exists(), moment
+        out = finish(quickstart(*argv, "--run-dir", str(killed)))
+        assert "finished earlier" in out
+    except BaseException:
+        uninterrupted.kill()
+        uninterrupted.wait()
+        raise
+    finish(uninterrupted)
     assert outcome(killed) == outcome(straight)
