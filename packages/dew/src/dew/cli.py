@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _file_config(path: str) -> dict[str, Any]:
     """A config file's mapping, its relative paths read from the file's directory."""
     from dew.recipes.schema import load_file
-    from dew.recipes.source_config import file_arguments
+    from dew.recipes.source_config import file_arguments, regrade_paths
     from dew.recipes.train_config import PATH_KEYS
 
     config = load_file(path)
@@ -188,6 +188,8 @@ def _file_config(path: str) -> dict[str, Any]:
         for key in ("command", "harbor"):
             if key in source:
                 source[key] = file_arguments(source[key], base)
+        if isinstance(source.get("regrade"), dict):  # its verifier's input files
+            source["regrade"] = regrade_paths(source["regrade"], base)
         tasks = source.get("tasks")
         if isinstance(tasks, str) and not os.path.isabs(os.path.expanduser(tasks)):
             if (base / tasks).is_dir():  # kind harbor: a directory of task directories

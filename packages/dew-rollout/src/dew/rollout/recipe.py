@@ -88,7 +88,8 @@ def _records(
 def _source(server: Any, reward: Any, decode: Any, episodes: Mapping[str, Any] | None,
             max_new_tokens: int, sessions: int) -> Any:  # fmt: skip
     """A ``PromptSource`` (``episodes`` None) or an ``EnvironmentSource`` with a worker
-    thread for each of ``sessions`` sessions in flight."""
+    thread for each of ``sessions`` sessions in flight (re-grading with the verifier's
+    ``regrade`` when it has one: ``source.regrade``)."""
     if episodes is None:
         return PromptSource(server, reward, max_new_tokens=max_new_tokens, decode=decode)
     make, verify = episodes["environment"], episodes["verifier"]
@@ -96,7 +97,7 @@ def _source(server: Any, reward: Any, decode: Any, episodes: Mapping[str, Any] |
                              lambda task, episode: verify(episode),
                              max_prompt_tokens=episodes["max_prompt_tokens"],
                              max_new_tokens=max_new_tokens, max_turns=episodes["max_turns"],
-                             workers=sessions)  # fmt: skip
+                             workers=sessions, regrade=getattr(verify, "regrade", None))  # fmt: skip
 
 
 def build_scheduler(

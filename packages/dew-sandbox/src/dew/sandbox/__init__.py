@@ -12,6 +12,8 @@ Public names:
 * :class:`CodeReward` - the last Python block of a completion against stdin/stdout cases.
 * :class:`SubprocessEnvironment` - a tool-episode environment served by a worker process
   over JSON lines (duck-typed to dew's episode protocol).
+* :class:`SandboxRegrader` and :class:`RegradeError` - a tool episode's final artifact
+  (files of the worker's directory) scored again in a fresh sandbox.
 """
 
 from dew.sandbox.container_runner import ContainerRunner, engine_unavailable_reason
@@ -21,6 +23,7 @@ from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome, Verdict
 from dew.sandbox.process_runner import ProcessRunner
 from dew.sandbox.program import Program
+from dew.sandbox.regrade import RegradeError, SandboxRegrader
 from dew.sandbox.reward import CodeReward
 from dew.sandbox.subprocess_environment import (
     SubprocessEnvironment,
@@ -34,9 +37,11 @@ __all__ = [
     "Outcome",
     "Program",
     "ProcessRunner",
+    "RegradeError",
     "SandboxCancelled",
     "SandboxFleet",
     "SandboxLimits",
+    "SandboxRegrader",
     "SubprocessEnvironment",
     "SubprocessEnvironmentError",
     "SubprocessSession",

@@ -143,7 +143,9 @@ class EpisodeLog:
 
 def episode_source(source: SourceConfig, where: str = "source") -> tuple[Any, Any]:
     """The worker factory (``dew-sandbox``'s, found by entry point) and the verifier of
-    ``source``, both checked and neither started; errors name ``where.<key>``."""
+    ``source``, both checked and neither started; errors name ``where.<key>``. With
+    ``source.regrade`` the verifier is a ``RegradedVerifier`` (``dew.recipes.episode_regrade``)
+    whose fleet ``start`` opens."""
     from dew.recipes.plugins import load_plugin
     from dew.recipes.train_data import on_path
 
@@ -154,9 +156,15 @@ def episode_source(source: SourceConfig, where: str = "source") -> tuple[Any, An
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}.{err}") from None
     if source.verifier == OUTCOME:
-        return environment, outcome_reward
-    on_path()
-    return environment, make_reward(source.verifier, f"{where}.verifier")
+        verifier: Any = outcome_reward
+    else:
+        on_path()
+        verifier = make_reward(source.verifier, f"{where}.verifier")
+    if source.regrade is not None:  # scored again in a clean sandbox (rollout.mode async)
+        from dew.recipes.episode_regrade import regraded
+
+        verifier = regraded(verifier, source.regrade, f"{where}.regrade")
+    return environment, verifier
 
 
 def _model(config: TrainConfig) -> tuple[Any, Any, int]:
@@ -252,6 +260,8 @@ def episode_parts(
 
     def start(run_dir: str, run_stack: contextlib.ExitStack) -> None:
         log.open(os.path.join(run_dir, "episodes.jsonl"), run_stack)
+        if callable(getattr(verifier, "open", None)):  # source.regrade's sandbox fleet
+            verifier.open(run_stack)
         if source.journal and not asynchronous:  # the scheduler keeps its own journal
             from dew.objectives.rl import EpisodeJournal
 

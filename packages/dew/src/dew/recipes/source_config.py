@@ -15,6 +15,10 @@ episodes against a worker process that speaks ``dew-sandbox``'s JSON-lines proto
       max_prompt_tokens: 64     # the longest context a turn may read (P)
       verifier: outcome         # or module:object, a function of an Episode
       journal: true             # RUN_DIR/journal: a killed run resumes its step exactly
+      regrade:                  # optional, rollout.mode async only: score each episode again
+        command: [python3, verify.py]        # in a clean sandbox (dew-sandbox's keys:
+        files: [answer.txt]                  # files, inputs, runner, workers, limits, ...)
+        inputs: {verify.py: verify.py}
 
 ``command[0]`` is looked up on ``PATH`` (or, holding a ``/``, taken relative to the working
 directory) and stored as an absolute path; a missing one is refused here, before anything
@@ -24,6 +28,14 @@ the working directory is stored as an absolute path; other arguments are passed 
 ``verifier: outcome`` scores an episode by the worker's own verdict: the
 ``detail`` of its final ``completed`` reply read as a number; ``module:object`` names a
 function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Episode``.
+
+``regrade`` re-runs a verifier program on each rewarded episode's final artifact (the
+``files`` of the worker's directory when the episode ends) in a fresh ``SandboxFleet`` job
+directory that holds only those files and the ``inputs``; a sample whose clean reward
+differs is dropped before admission (``dew.rollout.sources.regrade``). Its keys are checked
+by ``dew-sandbox``'s ``sandbox_regrader`` (``dew.sandbox.regrade_recipe``); ``inputs`` paths
+are read relative to the config file's directory. It runs in ``dew-rollout``'s scheduler, so
+it needs ``rollout.mode: async``.
 
 ``dew train ppo`` takes the same section: its episodes are wrapped in a ``PPORollout``
 (``objective.gamma``, ``objective.lam``; a critic in the checkpoint).
@@ -58,7 +70,7 @@ SOURCE_KINDS = ("prompts", "environment", "harbor")
 SOURCE_TRAINERS = ("grpo", "ppo")
 #: The keys only ``kind: environment`` reads.
 ENVIRONMENT_KEYS = ("command", "limits", "env", "tasks", "max_turns", "max_prompt_tokens",
-                    "verifier", "journal")  # fmt: skip
+                    "verifier", "journal", "regrade")  # fmt: skip
 #: The verifier that reads the worker's own verdict.
 OUTCOME = "outcome"
 
@@ -81,6 +93,18 @@ def file_arguments(command: Any, base: str | os.PathLike[str]) -> Any:
         candidate = os.path.join(os.fspath(base), part)
         if os.path.isfile(candidate):
             out[index] = os.path.abspath(candidate)
+    return out
+
+
+def regrade_paths(regrade: Mapping[str, Any], base: str | os.PathLike[str]) -> dict[str, Any]:
+    """``regrade`` with its ``inputs`` host paths read relative to ``base`` where such a file
+    exists; anything else unchanged (its ``command`` runs in the job directory, where the
+    inputs are, so its relative arguments stay as written)."""
+    out = dict(regrade)
+    inputs = out.get("inputs")
+    if isinstance(inputs, Mapping):
+        out["inputs"] = {name: file_arguments(["-", path], base)[1] if isinstance(path, str)
+                         else path for name, path in inputs.items()}  # fmt: skip
     return out
 
 
@@ -129,6 +153,7 @@ class SourceConfig:
     max_prompt_tokens: int = 64
     verifier: str = OUTCOME
     journal: bool = True
+    regrade: Any = None
 
     def __post_init__(self) -> None:
         if self.kind not in SOURCE_KINDS:
@@ -141,7 +166,7 @@ class SourceConfig:
         if self.kind != "environment":
             return
         object.__setattr__(self, "command", resolve_command(self.command))
-        for key in ("limits", "env"):
+        for key in ("limits", "env", "regrade"):
             value = getattr(self, key)
             if value is not None and not isinstance(value, Mapping):
                 raise ConfigError(f"source.{key}: expected a mapping, got {value!r}")
@@ -186,6 +211,12 @@ def source_section(
             f"or 'dew train ppo', not 'dew train {kind}'"  # fmt: skip
         raise ConfigError(f"source.kind: environment episodes train with {command}")
     _check_rest(mapping, stage)
+    if config.regrade is not None:
+        rollout = mapping.get("rollout")
+        mode = rollout.get("mode", "sync") if isinstance(rollout, Mapping) else "sync"
+        if mode != "async":
+            raise ConfigError("source.regrade: re-grading runs in dew-rollout's scheduler, "
+                              f"expected rollout.mode async, got {mode!r}")  # fmt: skip
     return config
 
 
@@ -197,6 +228,8 @@ def stage_source(spec: Mapping[str, Any], where: str, base: str | os.PathLike[st
     raw = spec.get("source")
     if isinstance(raw, Mapping) and "command" in raw:
         raw = {**raw, "command": file_arguments(raw["command"], base)}
+    if isinstance(raw, Mapping) and isinstance(raw.get("regrade"), Mapping):
+        raw = {**raw, "regrade": regrade_paths(raw["regrade"], base)}
     try:
         return source_section({**spec, "source": raw}, spec.get("kind") or "grpo", stage=True)
     except ConfigError as err:
@@ -245,5 +278,5 @@ def _check_rest(mapping: Mapping[str, Any], stage: bool = False) -> None:
 
 
 __all__ = ["ENVIRONMENT_KEYS", "OUTCOME", "SOURCE_KINDS", "SOURCE_TRAINERS", "SourceConfig",
-           "check_source_stage", "file_arguments", "resolve_command", "source_section",
-           "stage_source"]  # fmt: skip
+           "check_source_stage", "file_arguments", "regrade_paths", "resolve_command",
+           "source_section", "stage_source"]  # fmt: skip

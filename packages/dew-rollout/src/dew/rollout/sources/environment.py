@@ -16,6 +16,12 @@ Each ``submit(task, seed=)`` runs one session on a worker thread:
 4. ``verifier(task, episode)`` scores COMPLETED and TRUNCATED sessions while the environment
    is still open; then the environment exits.
 
+With ``regrade=`` (a regrader, ``dew.rollout.sources.regrade``) a scored session's final
+artifact is collected after the verifier, while the environment is still open, and scored
+again in a clean sandbox after it exits; a reward the clean sandbox does not reproduce makes
+the session INFRA_ERROR (``regrade rejected: ...``, no reward), so it is never admitted, and
+``regrade_counts`` counts it.
+
 An environment that raises, a failed draw, a verifier that raises or returns a non-finite
 value and a failed exit all make the session INFRA_ERROR (reason in ``detail``).
 
@@ -46,6 +52,7 @@ from dew.rollout.sources._common import (
     resolve,
     turn_seed,
 )
+from dew.rollout.sources.regrade import COUNTS, Regrade
 from dew.rollouts.episodes.protocol import (
     Action,
     Episode,
@@ -97,6 +104,10 @@ class EnvironmentSource:
       max_new_tokens: each turn's response budget (R).
       max_turns: model calls per session (T).
       workers: sessions running at once.
+      regrade: a regrader (``collect(task, environment)``, ``grade(task, artifact)``) that
+        scores each rewarded session again in a clean sandbox, or None (see
+        ``dew.rollout.sources.regrade``); regrade_tolerance: the largest difference of the
+        two rewards that still agrees.
     """
 
     def __init__(
@@ -109,6 +120,8 @@ class EnvironmentSource:
         max_new_tokens: int,
         max_turns: int,
         workers: int = 8,
+        regrade: Any = None,
+        regrade_tolerance: float = 1e-6,
     ) -> None:
         if not callable(getattr(server, "submit", None)):
             raise TypeError(f"server: expected a RolloutServer, got {type(server).__name__}")
@@ -118,9 +131,17 @@ class EnvironmentSource:
         self.max_prompt_tokens = check_positive(max_prompt_tokens, "max_prompt_tokens")
         self.max_new_tokens = check_positive(max_new_tokens, "max_new_tokens")
         self.max_turns = check_positive(max_turns, "max_turns")
+        self.regrade = None if regrade is None else Regrade(regrade, regrade_tolerance)
         self._pool = ThreadPoolExecutor(check_positive(workers, "workers"), "dew-environment")
         self._lock = threading.Lock()
         self._live: dict[int, _Run] = {}
+
+    @property
+    def regrade_counts(self) -> dict[str, int]:
+        """What re-grading decided so far: ``regraded``, ``agreed``, ``rejected`` (the clean
+        reward disagreed: the sample was dropped) and ``failed`` (the regrader raised); all
+        zero without ``regrade``."""
+        return dict.fromkeys(COUNTS, 0) if self.regrade is None else self.regrade.counts
 
     def submit(self, task: Task, *, seed: int) -> Future[Session]:
         """Queue one session of ``task`` seeded by ``seed``; the future resolves to it."""
@@ -180,6 +201,7 @@ class EnvironmentSource:
         transitions: list[Transition] = []
         first: Observation | None = None
         manager: Any = None
+        env: Any = None
 
         def episode(status: EpisodeStatus, detail: str) -> Episode:
             return Episode(identity, first, tuple(transitions), status, detail)
@@ -234,22 +256,40 @@ class EnvironmentSource:
             self._exit(manager, err)
             return infra(f"environment failed: {type(err).__name__}: {err}")
 
-        reward = None
-        if status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED):
+        return self._close(task, manager, env, episode(status, detail), tuple(calls))
+
+    def _close(
+        self, task: Task, manager: Any, env: Any, episode: Episode, calls: tuple[Call, ...]
+    ) -> Session:
+        """Score a finished ``episode`` while its environment is open (collecting the
+        regrader's artifact), exit the environment, then re-grade."""
+        reward, artifact, failure = None, None, None
+        if episode.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED):
             try:
-                value = self.verifier(task, episode(status, detail))
-                reward = finite_reward(value, "verifier")
+                reward = finite_reward(self.verifier(task, episode), "verifier")
             except Exception as err:  # noqa: BLE001 - a verifier crash
                 self._exit(manager, err)
-                return infra(f"verifier failed: {type(err).__name__}: {err}")
+                return ended(task, Status.INFRA_ERROR,
+                             f"verifier failed: {type(err).__name__}: {err}", calls)  # fmt: skip
+            if self.regrade is not None:
+                try:
+                    artifact = self.regrade.collect(task, env)
+                except Exception as err:  # noqa: BLE001 - counted as a failed re-grade below
+                    failure = err
         try:
             manager.__exit__(None, None, None)
         except Exception as err:  # noqa: BLE001 - a failed release discards the session
-            return infra(f"release failed: {type(err).__name__}: {err}")
-        final = _STATUS[status]
-        return Session(task=task.id, calls=tuple(calls), status=final,
-                       reward=reward if final in (Status.COMPLETED, Status.TRUNCATED) else None,
-                       detail=detail)  # fmt: skip
+            return ended(task, Status.INFRA_ERROR,
+                         f"release failed: {type(err).__name__}: {err}", calls)  # fmt: skip
+        final = _STATUS[episode.status]
+        session = Session(task=task.id, calls=calls, status=final,
+                          reward=reward if final in (Status.COMPLETED, Status.TRUNCATED) else None,
+                          detail=episode.detail)  # fmt: skip
+        if self.regrade is None or session.reward is None:
+            return session
+        if failure is not None:
+            return self.regrade.failed(session, failure)
+        return self.regrade.settle(task, session, artifact)
 
     @staticmethod
     def _exit(manager: Any, error: BaseException) -> None:
