@@ -50,6 +50,7 @@ from dew.recipes.schema import ConfigError, check_value, positive
 from dew.recipes.shaping_config import (
     DYNAMIC_KEYS,
     RewardShapingOptions,
+    check_kl_reference,
     refuse_shaping,
     shaping_parts,
 )
@@ -197,9 +198,7 @@ def build_ppo(
     sampler = GRPOObjective(model, width - 1, sampling_temperature=temperature)
     sampling = Sampling(temperature=float(opts.temperature), top_k=opts.top_k, eos_id=opts.eos_id)
     shaping = opts.shaping(lambda key: f"{where}.{key}")
-    if shaping["kl_in_reward"] is not None and pretrained is None:
-        raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
-                          "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
+    check_kl_reference(shaping, pretrained, where)
     episodes = SampledRollout(sampler, reward, groups=opts.groups,
                               max_new_tokens=opts.max_new_tokens, sampling=sampling,
                               decode=decode, baseline=False, overlong=shaping["overlong"],

@@ -132,5 +132,13 @@ def shaping_parts(
     return parts
 
 
+def check_kl_reference(parts: Mapping[str, Any], pretrained: Any, where: str) -> None:
+    """Refuse a KL charge (``shaping_parts``' ``kl_in_reward``) with no starting policy to
+    charge it against; ``where`` names the stage's section."""
+    if parts["kl_in_reward"] is not None and pretrained is None:
+        raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
+                          "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
+
+
 __all__ = ["CORRECTION_KEYS", "DYNAMIC_KEYS", "KL_KEYS", "SHAPING_KEYS", "RewardShapingOptions",
-           "changed", "refuse_shaping", "shaping_parts"]  # fmt: skip
+           "changed", "check_kl_reference", "refuse_shaping", "shaping_parts"]  # fmt: skip

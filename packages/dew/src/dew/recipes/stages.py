@@ -40,7 +40,7 @@ from typing import Any
 
 from dew.recipes.ppo_stage import PPO_KEYS, build_ppo
 from dew.recipes.schema import ConfigError, check_value, unknown_key
-from dew.recipes.shaping_config import SHAPING_KEYS, shaping_parts
+from dew.recipes.shaping_config import SHAPING_KEYS, check_kl_reference, shaping_parts
 
 KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 DEFAULT_DPO_BETA = 0.1
@@ -183,9 +183,7 @@ def build_stage(
     temperature = o.get("temperature")
     max_new_tokens = o.get("max_new_tokens", 16)
     shaping = shaping_parts(o, lambda key: f"{where}.{key}", max_new_tokens)
-    if shaping["kl_in_reward"] is not None and pretrained is None:
-        raise ConfigError(f"{where}.kl_in_reward: needs a starting policy to charge the KL "
-                          "against (model.pretrained, or an earlier chain stage); got none")  # fmt: skip
+    check_kl_reference(shaping, pretrained, where)
     objective = GRPOObjective(
         model,
         width - 1,
