@@ -35,7 +35,7 @@ from dew.rollout.gateway import Gateway, GatewayError
 from dew.rollout.harbor import HarborSource
 from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
-from dew.rollout.recipe import JOURNAL, _records
+from dew.rollout.recipe import JOURNAL, _records, schedule_ahead
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.scheduler.scheduler import RolloutScheduler
 from dew.rollout.scheduler.tasks import task_ids
@@ -106,7 +106,7 @@ def build_harbor_scheduler(
     log = _records(run_dir, stack)
     scheduler = RolloutScheduler(
         objective, harbor, publication, width=width, rows=rows, tasks=task_ids, groups=groups,
-        max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
+        max_lag=rollout.max_lag, ahead=schedule_ahead(rollout)[0], sync_every=rollout.sync_every,
         max_attempts=rollout.max_attempts, timeout=rollout.timeout,
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
         estimator=estimator, seed=seed, log=log, journal=os.path.join(run_dir, JOURNAL),

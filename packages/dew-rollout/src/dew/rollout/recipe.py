@@ -19,6 +19,9 @@ calls it with what the config resolved to. It builds, closing each through ``sta
   are redrawn under the weights they were submitted with) and one JSON line per training
   batch appended to ``RUN_DIR/rollout.jsonl`` (``SchedulerRecord.as_dict``: ``index``,
   ``updates``, ``version``, ``lag``, ``waited``, ``pushed``, ...).
+
+``rollout.adapt_ahead`` makes that scheduler's ``ahead`` an ``AdaptiveAhead`` starting at
+``rollout.ahead`` (``schedule_ahead``); the source is sized for the most it may choose.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 from dew.rollout.native import NativeRolloutServer
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.scheduler import RolloutScheduler
+from dew.rollout.scheduler.staleness import AdaptiveAhead
 from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
 from dew.rollout.sources.environment import EnvironmentSource
 from dew.rollout.sources.prompt import PromptSource
@@ -100,6 +104,16 @@ def _source(server: Any, reward: Any, decode: Any, episodes: Mapping[str, Any] |
                              workers=sessions, regrade=getattr(verify, "regrade", None))  # fmt: skip
 
 
+def schedule_ahead(rollout: Any) -> tuple[int | AdaptiveAhead, int]:
+    """The scheduler's ``ahead`` for a ``RolloutConfig`` (an ``AdaptiveAhead`` starting at
+    ``rollout.ahead`` with ``adapt_ahead``) and the most batches it may draw ahead."""
+    adapt = rollout.adapt_ahead
+    if adapt is None:
+        return rollout.ahead, rollout.ahead
+    chosen = AdaptiveAhead(adapt.target_wait, adapt.max_gap, start=rollout.ahead)
+    return chosen, rollout.max_lag - rollout.sync_every + 1
+
+
 def build_scheduler(
     *,
     objective: Any,
@@ -155,13 +169,14 @@ def build_scheduler(
     if episodes is not None:
         episodes = {k: episodes[k] for k in EPISODE_KEYS}
     server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack)
-    in_flight = rows // groups * (groups + rollout.oversample) * (rollout.ahead + 1)
+    ahead, top = schedule_ahead(rollout)
+    in_flight = rows // groups * (groups + rollout.oversample) * (top + 1)
     source = _source(server, reward, decode, episodes, max_new_tokens, in_flight)
     stack.callback(source.close)
     scheduler = RolloutScheduler(
         objective, source, server, width=width, rows=rows,
         tasks=prompt_tasks if episodes is None else task_ids, groups=groups,
-        max_lag=rollout.max_lag, ahead=rollout.ahead, sync_every=rollout.sync_every,
+        max_lag=rollout.max_lag, ahead=ahead, sync_every=rollout.sync_every,
         max_attempts=rollout.max_attempts, timeout=rollout.timeout,
         oversample=rollout.oversample, admit=rollout.admit, truncation=rollout.truncation,
         estimator=estimator, eos_ids=eos_ids, seed=seed,
@@ -173,4 +188,4 @@ def build_scheduler(
     return scheduler
 
 
-__all__ = ["EPISODE_KEYS", "JOURNAL", "RECORDS", "build_scheduler"]
+__all__ = ["EPISODE_KEYS", "JOURNAL", "RECORDS", "build_scheduler", "schedule_ahead"]

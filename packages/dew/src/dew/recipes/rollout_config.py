@@ -12,6 +12,7 @@
       truncation: mask     # mask, score or zero: what a completion cut at the budget gets
       max_attempts: 3      # failures of one sample before its group is abandoned
       timeout: null        # seconds a rollout may run before it is drawn again
+      adapt_ahead: null    # or {target_wait: 0.05, max_gap: 0.1}: choose ahead each batch
       engine:
         kind: native       # native (Dew's own server), vllm or sglang
         url: null          # a running vllm/sglang server ...
@@ -25,7 +26,15 @@
 (a batch submitted ``ahead`` calls early and pushed every ``sync_every`` updates is that
 many updates old when it trains). ``mode: sync`` takes none of the keys that only an
 asynchronous run reads (``ahead``, ``max_lag``, ``sync_every``, ``oversample``, ``admit``,
-``truncation``, ``max_attempts``, ``timeout``, ``engine``) away from their defaults.
+``truncation``, ``max_attempts``, ``timeout``, ``adapt_ahead``, ``engine``) away from
+their defaults.
+
+``adapt_ahead`` (an ``AdaptAhead``) makes the scheduler choose how far ahead it draws
+(``dew.rollout.scheduler.staleness.AdaptiveAhead``): ``ahead`` is then where it starts, and
+it moves one batch at a time within ``[0, max_lag - sync_every + 1]``: down when a batch's
+mean ``|old - behavior|`` log-ratio exceeds ``max_gap``, else up when the trainer waited
+more than ``target_wait`` of the cycle. Give ``max_lag`` room above ``ahead + sync_every - 1``
+for it to go up.
 
 ``rollout_config(mapping, where)`` checks every key (errors name ``where.key``, e.g.
 ``stages.2.rollout.ahead``) and returns a ``RolloutConfig``; constructing the dataclasses
@@ -35,6 +44,7 @@ directly checks the same values, naming ``rollout.<key>``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -46,7 +56,7 @@ ENGINES = ("native", "vllm", "sglang")
 PUBLISH = ("reload", "nccl")
 #: The keys an asynchronous run reads and ``mode: sync`` leaves at their defaults.
 ASYNC_KEYS = ("ahead", "max_lag", "sync_every", "oversample", "admit", "truncation",
-              "max_attempts", "timeout", "engine")  # fmt: skip
+              "max_attempts", "timeout", "adapt_ahead", "engine")  # fmt: skip
 
 
 def _count(value: Any, where: str, minimum: int, *, optional: bool = False) -> None:
@@ -55,6 +65,29 @@ def _count(value: Any, where: str, minimum: int, *, optional: bool = False) -> N
     if not is_int(value) or value < minimum:
         none = "null or " if optional else ""
         raise ConfigError(f"{where}: expected {none}an integer >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptAhead:
+    """``rollout.adapt_ahead``: the scheduler chooses ``ahead`` from what it measures.
+
+    Attributes:
+      target_wait: the trainer's waiting share of a cycle, in ``[0, 1)``, above which
+        ``ahead`` steps up.
+      max_gap: the mean absolute log-ratio of rescored to behavior log-probs (> 0) above
+        which ``ahead`` steps down.
+    """
+
+    target_wait: float = 0.05
+    max_gap: float = 0.1
+
+    def __post_init__(self) -> None:
+        where = "rollout.adapt_ahead"
+        wait, gap = self.target_wait, self.max_gap
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1:
+            raise ConfigError(f"{where}.target_wait: expected a share in [0, 1), got {wait!r}")
+        if isinstance(gap, bool) or not isinstance(gap, int | float) or not 0 < gap < math.inf:
+            raise ConfigError(f"{where}.max_gap: expected a finite number > 0, got {gap!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +229,8 @@ class EngineConfig:
 class RolloutConfig:
     """The ``rollout`` section (see the module docstring for each key).
 
-    ``max_lag`` None takes ``max(ahead + sync_every - 1, 1)``; ``engine`` is an
+    ``max_lag`` None takes ``max(ahead + sync_every - 1, 1)``; ``adapt_ahead`` is an
+    ``AdaptAhead``, its mapping, or None (a fixed ``ahead``); ``engine`` is an
     ``EngineConfig``, its mapping, or None (the native engine).
     """
 
@@ -209,6 +243,7 @@ class RolloutConfig:
     truncation: Literal["mask", "score", "zero"] = "mask"
     max_attempts: int = 3
     timeout: float | None = None
+    adapt_ahead: Any = None
     engine: Any = None
 
     def __post_init__(self) -> None:
@@ -230,6 +265,16 @@ class RolloutConfig:
                 f"{where}.max_lag: expected an integer >= {least} (ahead + sync_every - 1: a "
                 f"batch submitted ahead is that many updates old when it trains), got "
                 f"{self.max_lag!r}"
+            )
+        adapt: Any = self.adapt_ahead
+        if isinstance(adapt, Mapping):
+            object.__setattr__(
+                self, "adapt_ahead", section(AdaptAhead, adapt, f"{where}.adapt_ahead")
+            )
+        elif adapt is not None and not isinstance(adapt, AdaptAhead):
+            raise ConfigError(
+                f"{where}.adapt_ahead: expected null or a mapping {{target_wait, max_gap}}, "
+                f"got {adapt!r}"
             )
         engine: Any = self.engine
         if engine is None:
@@ -284,5 +329,5 @@ def rollout_config(mapping: Any, where: str = "rollout") -> RolloutConfig:
         raise
 
 
-__all__ = ["ASYNC_KEYS", "ENGINES", "EngineConfig", "EngineLaunch", "RolloutConfig",
+__all__ = ["ASYNC_KEYS", "AdaptAhead", "ENGINES", "EngineConfig", "EngineLaunch", "RolloutConfig",
            "rollout_config"]  # fmt: skip

@@ -6,6 +6,8 @@ asynchronous GRPO rollouts from any ``SessionSource``.
 - ``admission``: how finished rollouts become complete groups (statuses, retries, staleness,
   timeouts, oversampling, ``admit``, cut groups);
 - ``tasks``: ``task_ids`` and ``prompt_tasks`` (batch -> tasks) and the wrapped task stream;
+- ``staleness``: ``AdaptiveAhead`` (``ahead`` chosen from the waiting share and the
+  off-policy gap) and those measurements; ``checks``: the argument checks;
 - ``work``: the rollouts of one batch in flight; ``journal``: ``WeightJournal`` for exact
   resume; ``record``: ``SchedulerRecord``. The terminal progress bar is ``dew.progress``'s.
 """

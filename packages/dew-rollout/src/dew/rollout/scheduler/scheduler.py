@@ -15,13 +15,17 @@ Each call (one training batch ``i``, with ``u`` updates committed):
    the trainer updates on batch ``i``;
 6. batch ``i``'s complete groups are packed into ``[rows, width]`` (``pack``) and
    ``old_log_probs`` is rescored under the trainer's current weights (the proximal policy);
-   ``behavior_log_probs`` keeps the engine's.
+   ``behavior_log_probs`` keeps the engine's;
+7. the waiting share and the off-policy gap are measured (``staleness``); an
+   ``AdaptiveAhead`` given as ``ahead`` chooses from them the ``ahead`` of the next call.
 
 A first submission is at most ``ahead + sync_every - 1`` updates old when it trains, so
 construction refuses ``max_lag`` below that, and any ``max_lag > 0`` needs the objective's
 behavior correction (``GRPOObjective(behavior_importance=...)``, a TIS cap or an IcePop band).
 Collecting batch ``i`` before pushing keeps every draw on one version when ``ahead=1``, which
-with a ``journal`` makes a resumed run redraw exactly what the crash left in flight.
+with a ``journal`` makes a resumed run redraw exactly what the crash left in flight. An
+adaptive ``ahead`` moves within ``[0, max_lag - sync_every + 1]``; the read-ahead and the
+journal are sized for its top, and batches submitted beyond a lowered horizon stay in flight.
 """
 
 from __future__ import annotations
@@ -34,12 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dew.checks import is_int
 from dew.data.dataset import Dataset
 from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules, dynamic_rules, sampling_metrics
+from dew.rollout.scheduler.checks import check_protocols, check_schedule, check_single_process
+from dew.rollout.scheduler.checks import count as _count
 from dew.rollout.scheduler.journal import WeightJournal
 from dew.rollout.scheduler.record import SchedulerRecord
+from dew.rollout.scheduler.staleness import AdaptiveAhead, staleness_metrics
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
 from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
 from dew.rollouts.episodes.cohort import agree_on_failure
@@ -48,46 +54,6 @@ from dew.sessions.metrics import session_metrics
 from dew.sessions.packing import pack
 from dew.sessions.records import Session, check_choice
 from dew.trainer.mesh import data_mesh, global_batch
-
-
-def _count(value: Any, name: str, minimum: int) -> int:
-    if not is_int(value) or value < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def _check_protocols(objective: Any, source: Any, weights: Any, tasks: Any) -> None:
-    """Raise ``TypeError`` unless each collaborator has the methods the scheduler calls."""
-    for name in ("submit", "cancel"):
-        if not callable(getattr(source, name, None)):
-            raise TypeError(f"source: expected a SessionSource, it has no {name}()")
-    if not callable(getattr(weights, "load", None)) or not hasattr(weights, "version"):
-        raise TypeError("weights: expected load(variables, version) and a version")
-    if not callable(tasks):
-        raise TypeError(f"tasks: expected a function batch -> [Task], got {tasks!r}")
-    if not callable(getattr(objective, "packed_log_probs", None)):
-        raise TypeError("objective: expected a GRPOObjective (no packed_log_probs)")
-
-
-def _check_schedule(
-    objective: Any, ahead: Any, sync_every: Any, max_lag: Any
-) -> tuple[int, int, int]:
-    """``ahead``, ``sync_every`` and ``max_lag`` checked against each other and the objective."""
-    ahead = _count(ahead, "ahead", 0)
-    sync_every = _count(sync_every, "sync_every", 1)
-    max_lag = _count(max_lag, "max_lag", 0)
-    if max_lag < ahead + sync_every - 1:
-        raise ValueError(
-            f"max_lag: a first submission may be ahead + sync_every - 1 = "
-            f"{ahead + sync_every - 1} updates old when it trains, got max_lag={max_lag}"
-        )
-    if max_lag > 0 and getattr(objective, "behavior_importance", None) is None:
-        raise ValueError(
-            f"objective.behavior_importance: max_lag={max_lag} lets rollouts train on "
-            "older weights, which needs a behavior correction: GRPOObjective("
-            "behavior_importance=c) (a TIS cap) or (lo, hi) (an IcePop band)"
-        )
-    return ahead, sync_every, max_lag
 
 
 class RolloutScheduler:
@@ -102,8 +68,9 @@ class RolloutScheduler:
       tasks: ``batch -> list[Task]`` (``task_ids`` or ``prompt_tasks``).
       groups: admitted samples per task (G).
       max_lag: the oldest call an admitted rollout may have, in updates behind.
-      ahead: batches submitted ahead of the one training; sync_every: push after this many
-        updates.
+      ahead: batches submitted ahead of the one training, or an ``AdaptiveAhead`` that
+        chooses it each call (``staleness``; single-process trainers only); sync_every: push
+        after this many updates.
       max_attempts: failures per sample before its group is abandoned.
       timeout: seconds a rollout may run before it is cancelled and resubmitted.
       oversample: extra samples per group (the first G to finish are admitted).
@@ -136,7 +103,7 @@ class RolloutScheduler:
         tasks: TaskReader,
         groups: int,
         max_lag: int = 1,
-        ahead: int = 1,
+        ahead: int | AdaptiveAhead = 1,
         sync_every: int = 1,
         max_attempts: int = 3,
         timeout: float | None = None,
@@ -153,7 +120,7 @@ class RolloutScheduler:
         correction: Any = None,
         dynamic_sampling: Any = None,
     ) -> None:
-        _check_protocols(objective, source, weights, tasks)
+        check_protocols(objective, source, weights, tasks)
         width = _count(width, "width", 2)
         if getattr(objective, "width", width) != width:
             raise ValueError(
@@ -161,22 +128,20 @@ class RolloutScheduler:
                 f"(seq_len + 1), got width={width}"
             )
         groups = _count(groups, "groups", 1)
-        ahead, sync_every, max_lag = _check_schedule(objective, ahead, sync_every, max_lag)
+        top, sync_every, max_lag, adaptive = check_schedule(objective, ahead, sync_every, max_lag)
         check_choice(truncation, TRUNCATIONS, "truncation")
         if timeout is not None and not float(timeout) > 0:
             raise ValueError(f"timeout: expected None or seconds > 0, got {timeout!r}")
         if admit is not None:
             admit = _count(admit, "admit", 1)
         admit, max_draws = dynamic_rules(dynamic_sampling, admit)
-        if journal is not None and jax.process_count() > 1:
-            raise ValueError("journal: supported on a single-process trainer only")
-        if correction is not None and jax.process_count() > 1:
-            raise ValueError("correction: supported on a single-process trainer only")
+        check_single_process(journal=journal, correction=correction, ahead=adaptive)
         self.objective = objective
         self.source = source
         self.weights = weights
         self.width, self.rows, self.groups = width, _count(rows, "rows", 1), groups
-        self.ahead, self.sync_every, self.max_lag = ahead, sync_every, max_lag
+        self.ahead = top if adaptive is None else adaptive.ahead  # the current one
+        self.top, self.adaptive, self.sync_every, self.max_lag = top, adaptive, sync_every, max_lag
         self.samples = groups + _count(oversample, "oversample", 0)
         self.truncation, self.estimator = truncation, estimator
         self.support_capacity, self.eos_ids = support_capacity, eos_ids
@@ -188,12 +153,13 @@ class RolloutScheduler:
                            None if timeout is None else float(timeout), admit,
                            max_draws)  # fmt: skip
         self.admission = Admission(self.rules, self._resubmit, self._cancel, self._tick)
-        self.journal = None if journal is None else WeightJournal(journal, ahead + sync_every + 1)
-        self.stream = TaskStream(ahead, self._reopen)
+        self.journal = None if journal is None else WeightJournal(journal, top + sync_every + 1)
+        self.stream = TaskStream(top, self._reopen)
         self.progress = TerminalBar("rollouts", "groups", enabled=progress)
         self._work: dict[int, BatchWork] = {}
         self.last_sessions: list[Session] = []
         self._waiting_since = time.perf_counter()
+        self._collected: float | None = None  # when the last collection ended
         self._updates: int | None = None
         self._step = 0
         self._rescore = jax.jit(objective.packed_log_probs)
@@ -230,7 +196,8 @@ class RolloutScheduler:
         except BaseException as caught:  # noqa: BLE001 - agreed with the other processes
             error = caught
             self._cancel_all()
-        waited = time.perf_counter() - start
+        end = time.perf_counter()
+        waited, cycle, self._collected = end - start, self._collected, end
         agree_on_failure(error)
         pushed = self._maybe_push(variables, updates)
         for later in range(index + 1, index + self.ahead + 1):
@@ -238,6 +205,7 @@ class RolloutScheduler:
         del self._work[index]
         self.stream.forget(index)
         out, record = self._pack(variables, work, updates, waited, pushed)
+        self._adapt(out, record.metrics, None if cycle is None else waited / (end - cycle))
         self.progress.close()
         if self.log is not None:
             self.log(record)
@@ -255,12 +223,24 @@ class RolloutScheduler:
     def _reopen(self, start: int) -> None:
         self._cancel_all()
         self._work.clear()
+        self._collected = None
+
+    def _adapt(self, out: Mapping[str, Any], metrics: dict, share: float | None) -> None:
+        """Measure the batch (``staleness``); an adaptive ``ahead`` chooses the next one."""
+        measured = staleness_metrics(out, self.ahead, share)
+        if self.adaptive is not None:
+            self.ahead = self.adaptive.observe(share, measured["staleness/gap"])
+        measured["staleness/next_ahead"] = float(self.ahead)
+        metrics.update(measured)
+        self.last_metrics = {**self.last_metrics, **measured}
 
     def _submit_pending(self, variables: Any, index: int, updates: int) -> None:
-        for earlier in range(index, index + self.ahead):
+        for earlier in range(index, index + self.top):
             if earlier in self._work or self.stream.registered(earlier) is None:
                 continue
             version = None if self.journal is None else self.journal.version_of(earlier)
+            if earlier >= index + self.ahead and version is None:
+                continue  # beyond the current horizon and never submitted
             if version is not None and version != self.weights.version:
                 kept = self.journal.weights(version, variables) if self.journal else None
                 if kept is not None:
@@ -372,14 +352,20 @@ class RolloutScheduler:
         return out, record
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the scheduler: its correction bounds, if it adapts them
-        (the weights and submissions are the journal's)."""
-        return {} if self.correction is None else {"correction": self.correction.state_dict()}
+        """What a checkpoint keeps of the scheduler: its correction bounds and its ``ahead``
+        controller, if it adapts them (the weights and submissions are the journal's)."""
+        state = {} if self.correction is None else {"correction": self.correction.state_dict()}
+        if self.adaptive is not None:
+            state["ahead"] = self.adaptive.state_dict()
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict``'s output."""
         if self.correction is not None and "correction" in state:
             self.correction.load_state_dict(state["correction"])
+        if self.adaptive is not None and "ahead" in state:
+            self.adaptive.load_state_dict(state["ahead"])
+            self.ahead = self.adaptive.ahead
 
     def _rescored(self, variables: Any, batch: dict[str, Any]) -> np.ndarray:
         if jax.process_count() == 1:

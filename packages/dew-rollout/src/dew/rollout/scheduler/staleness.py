@@ -1,0 +1,123 @@
+"""``AdaptiveAhead``: how many batches the scheduler draws ahead, chosen from what it measures.
+
+A fixed ``ahead`` is a guess: too small and the trainer waits for its rollouts, too large
+and the rollouts it trains on come from older weights than they need to. The controller
+takes two measurements of each packed batch and moves ``ahead`` by at most one per call:
+
+- ``wait_share``: the seconds the trainer waited for the batch over the wall time of one
+  cycle (from the end of the previous batch's collection to the end of this one's), in
+  ``[0, 1]``;
+- ``gap``: the batch's off-policy gap, the mean ``|old_log_probs - behavior_log_probs|``
+  over its response tokens (``off_policy_gap``).
+
+The rule, applied in this order: ``gap > max_gap`` steps ``ahead`` down by one (never below
+0); else ``wait_share > target_wait`` steps it up by one (never above ``maximum``); else it
+stays. A call with no cycle to measure (the first after the stream opened) passes
+``wait_share=None``: only the gap rule applies. ``maximum`` is what the schedule allows: ``max_lag - sync_every + 1``, which the
+scheduler binds (``bind``). The rule reads nothing but its two arguments and its own
+``ahead``, so a run resumed from ``state_dict`` chooses as the uninterrupted run did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from dew.checks import is_int
+
+
+def off_policy_gap(batch: Mapping[str, Any]) -> float:
+    """Mean ``|old_log_probs - behavior_log_probs|`` over ``response_mask``'s tokens.
+
+    ``batch`` is a packed batch (each column ``[N, W]``); a batch with no response token
+    (every group abandoned or masked) has gap ``0.0``.
+    """
+    mask = np.asarray(batch["response_mask"]) > 0
+    if not mask.any():
+        return 0.0
+    old = np.asarray(batch["old_log_probs"], np.float64)
+    behavior = np.asarray(batch["behavior_log_probs"], np.float64)
+    return float(np.abs(old - behavior)[mask].mean())
+
+
+def staleness_metrics(
+    batch: Mapping[str, Any], ahead: int, wait_share: float | None
+) -> dict[str, float]:
+    """What the scheduler records of one packed batch's staleness.
+
+    ``staleness/ahead``: the ``ahead`` its call submitted with; ``staleness/gap``:
+    ``off_policy_gap(batch)``; ``staleness/wait_share``: ``wait_share``, left out when
+    None (the first call after the stream opened has no cycle to measure).
+    """
+    out = {"staleness/ahead": float(ahead), "staleness/gap": off_policy_gap(batch)}
+    if wait_share is not None:
+        out["staleness/wait_share"] = float(wait_share)
+    return out
+
+
+class AdaptiveAhead:
+    """Choose the scheduler's ``ahead`` from the trainer's waiting and the off-policy gap.
+
+    Args:
+      target_wait: the waiting share (in ``[0, 1)``) above which ``ahead`` steps up.
+      max_gap: the mean absolute log-ratio (> 0) above which ``ahead`` steps down.
+      start: the ``ahead`` of the first calls (>= 0; clamped to ``maximum`` when bound).
+
+    Pass it as ``RolloutScheduler(ahead=AdaptiveAhead(...))``; the scheduler calls
+    ``bind(maximum)`` once, then ``observe(wait_share, gap)`` after each packed batch.
+    """
+
+    def __init__(self, target_wait: float = 0.05, max_gap: float = 0.1, start: int = 1) -> None:
+        if not isinstance(target_wait, int | float) or not 0 <= target_wait < 1:
+            raise ValueError(f"target_wait: expected a share in [0, 1), got {target_wait!r}")
+        if not isinstance(max_gap, int | float) or not (max_gap > 0 and math.isfinite(max_gap)):
+            raise ValueError(f"max_gap: expected a finite log-ratio > 0, got {max_gap!r}")
+        if not is_int(start) or start < 0:
+            raise ValueError(f"start: expected an integer >= 0, got {start!r}")
+        self.target_wait, self.max_gap = float(target_wait), float(max_gap)
+        self.ahead = int(start)
+        self.maximum: int | None = None
+        self.steps = 0  # observations so far
+
+    def bind(self, maximum: int) -> int:
+        """Cap ``ahead`` at ``maximum`` (the schedule's bound); returns the current ``ahead``."""
+        if not is_int(maximum) or maximum < 0:
+            raise ValueError(f"maximum: expected an integer >= 0, got {maximum!r}")
+        self.maximum = int(maximum)
+        self.ahead = min(self.ahead, self.maximum)
+        return self.ahead
+
+    def observe(self, wait_share: float | None, gap: float) -> int:
+        """One batch's measurements (``wait_share`` None: not measured); returns the
+        ``ahead`` for the next submissions."""
+        top = self.ahead + 1 if self.maximum is None else self.maximum
+        if gap > self.max_gap:
+            self.ahead = max(self.ahead - 1, 0)
+        elif wait_share is not None and wait_share > self.target_wait:
+            self.ahead = min(self.ahead + 1, top)
+        self.steps += 1
+        return self.ahead
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"ahead": int, "steps": int}``, JSON-ready."""
+        return {"ahead": self.ahead, "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state_dict``'s output (``ahead`` clamped to a bound ``maximum``)."""
+        ahead = state["ahead"]
+        if not is_int(ahead) or ahead < 0:
+            raise ValueError(f"state['ahead']: expected an integer >= 0, got {ahead!r}")
+        self.ahead = int(ahead) if self.maximum is None else min(int(ahead), self.maximum)
+        self.steps = int(state.get("steps", 0))
+
+    def __repr__(self) -> str:
+        return (
+            f"AdaptiveAhead(target_wait={self.target_wait}, max_gap={self.max_gap}, "
+            f"ahead={self.ahead}, maximum={self.maximum})"
+        )
+
+
+__all__ = ["AdaptiveAhead", "off_policy_gap", "staleness_metrics"]
