@@ -109,6 +109,44 @@ def test_regrade_drops_the_exploited_episode_and_counts_it(fleet: SandboxFleet) 
     assert run.regrade_counts == {"regraded": 3, "agreed": 2, "rejected": 1, "failed": 0}
 
 
+class NoRescore:
+    """The scheduler's objective with nothing to rescore: zero log-probabilities."""
+
+    width = 16
+
+    def __init__(self) -> None:
+        self.packed_log_probs = lambda variables, batch: np.zeros(
+            np.shape(batch["input_ids"]), np.float32
+        )
+
+
+def test_the_scheduler_never_admits_a_rejected_sample_and_records_it(fleet) -> None:
+    """Through ``RolloutScheduler``: the exploit is drawn again (the regrader rejects every
+    attempt) until its group is abandoned; the honest group trains; the record counts both."""
+    from dew.data import Dataset
+    from dew.data.dataset import Partition
+    from dew.rollout import Publication, RolloutScheduler, task_ids
+
+    run = source(regrader(fleet))
+    records: list = []
+    scheduler = RolloutScheduler(NoRescore(), run, Publication(lambda variables, version: None),
+                                 width=16, rows=2, tasks=task_ids, groups=1, max_lag=0,
+                                 ahead=0, max_attempts=2, log=records.append)  # fmt: skip
+    batches = [{"task_id": np.array([3, 4], np.int32)}]
+    data = Dataset(train=lambda partition, start=0: iter(batches[start:]), batch=2)
+    try:
+        scheduler.at_step(1, 0)
+        scheduler({}, dict(next(scheduler.tasks(data).stream(Partition(), 0))), None)
+    finally:
+        scheduler.close()
+        run.close()
+    (record,) = records
+    assert record.admitted_groups == 1 and record.abandoned == 1
+    assert [s.task for s in scheduler.last_sessions] == [3]
+    assert record.resubmitted == {"infra_error": 1}  # the exploit's second attempt
+    assert record.metrics["regrade/rejected"] == 2.0 and record.metrics["regrade/agreed"] == 1.0
+
+
 class Broken:
     def collect(self, task, environment):
         raise OSError("worker directory gone")

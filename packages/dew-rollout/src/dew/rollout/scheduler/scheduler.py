@@ -61,7 +61,8 @@ class RolloutScheduler:
 
     Args:
       objective: the ``GRPOObjective`` (its width must equal ``width``).
-      source: a ``SessionSource`` (``PromptSource``, ``EnvironmentSource``, ``HarborSource``).
+      source: a ``SessionSource`` (``PromptSource``, ``EnvironmentSource``, ``HarborSource``);
+        what its optional ``metrics()`` returns joins each record's metrics.
       weights: what serves the source (``NativeRolloutServer``, ``Publication``, ...):
         ``load(variables, version)`` and ``version``.
       width: row width W; rows: rows N this process packs.
@@ -334,6 +335,9 @@ class RolloutScheduler:
                                   version=updates, truncation=self.truncation)  # fmt: skip
         self.last_metrics = sampling_metrics(work, self.rules)
         metrics.update(self.last_metrics)
+        source_metrics = getattr(self.source, "metrics", None)  # e.g. re-grading's counts
+        if callable(source_metrics):
+            metrics.update(source_metrics())
         if self.correction is not None:  # bounds measured on this batch's own ratios
             columns, measured = self.correction.observe(
                 out, out["old_log_probs"], out["behavior_log_probs"]

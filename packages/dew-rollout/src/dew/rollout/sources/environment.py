@@ -143,6 +143,13 @@ class EnvironmentSource:
         zero without ``regrade``."""
         return dict.fromkeys(COUNTS, 0) if self.regrade is None else self.regrade.counts
 
+    def metrics(self) -> dict[str, float]:
+        """``regrade_counts`` as ``regrade/<name>`` numbers (empty without ``regrade``); a
+        ``RolloutScheduler`` joins them to each batch's record."""
+        if self.regrade is None:
+            return {}
+        return {f"regrade/{name}": float(n) for name, n in self.regrade_counts.items()}
+
     def submit(self, task: Task, *, seed: int) -> Future[Session]:
         """Queue one session of ``task`` seeded by ``seed``; the future resolves to it."""
         if not isinstance(task, Task):
