@@ -35,17 +35,38 @@ def objective(tiny):
 def test_the_rule_steps_up_on_waiting_down_on_the_gap_within_its_bounds():
     control = AdaptiveAhead(target_wait=0.1, max_gap=0.5, start=1)
     assert control.bind(2) == 1
-    assert control.observe(0.05, 0.1) == 1  # neither: keep
-    assert control.observe(0.5, 0.1) == 2  # waiting: up
-    assert control.observe(0.5, 0.1) == 2  # capped at the bound
-    assert control.observe(0.9, 0.6) == 1  # the gap wins over waiting: down
+    assert control.observe(None, 0.1) == 1  # nothing measured yet
+    assert control.observe(0.05, 0.1, 1.0) == 1  # neither: keep
+    assert control.observe(0.5, 0.1, 1.0) == 2  # waiting, level 2 untried: up
+    assert control.observe(0.5, 0.1, 9.0) == 2  # level 2 does not show yet: held
+    assert control.observe(0.5, 0.1, 0.5) == 2  # faster than level 1: stay, capped
+    assert control.observe(0.9, 0.6, 0.5) == 1  # the gap wins over waiting: down
     assert control.observe(0.0, 0.6) == 0
     assert control.observe(0.0, 0.6) == 0  # never below 0
-    assert control.observe(0.1, 0.5) == 0  # thresholds are strict
-    assert control.observe(None, 0.1) == 0  # waiting not measured: only the gap counts
-    control.observe(0.5, 0.0)
-    assert control.observe(None, 0.6) == 0
+    assert control.observe(0.1, 0.5, 1.0) == 0  # thresholds are strict
+    assert control.observe(None, 0.1) == 0  # waiting not measured: held
+    assert control.cycle_at == {0: 1.0, 1: 1.0, 2: 0.5}
     assert control.steps == 10
+
+
+def test_drawing_further_ahead_that_does_not_speed_up_the_updates_is_undone():
+    # the engine shares the trainer's cores: at level 2 an update takes as long as at 1
+    control = AdaptiveAhead(target_wait=0.05, max_gap=1.0, start=1)
+    control.bind(3)
+    assert control.observe(None, 0.0) == 1
+    assert control.observe(0.3, 0.0, 1.0) == 2  # waiting, level 2 untried: up
+    assert control.observe(0.3, 0.0, 1.0) == 2  # (level 2 shows from the next call)
+    assert control.observe(0.3, 0.0, 1.05) == 1  # no faster within MARGIN: back down
+    assert control.observe(0.3, 0.0, 1.0) == 1
+    assert control.observe(0.3, 0.0, 1.0) == 1  # the level above is not tried again
+    # the rewards turn slow: one long cycle is an outlier to the median, two are not
+    assert control.observe(0.6, 0.0, 2.0) == 1  # median of [1, 1, 2]: still 1.0
+    assert control.observe(0.6, 0.0, 2.0) == 2  # median 1.5: level 2's 1.05 is the faster
+    assert control.observe(0.6, 0.0, 2.0) == 2
+    assert control.observe(0.3, 0.0, 0.95) == 3  # level 2: 1.0 (median), level 3 untried
+    assert control.observe(0.3, 0.0, 0.98) == 3
+    assert control.observe(0.3, 0.0, 0.98) == 2  # level 3 no faster: back to fresher
+    assert control.cycle_at == pytest.approx({1: 1.5, 2: 1.0, 3: 0.98})
 
 
 def test_bind_clamps_and_refusals():
@@ -66,15 +87,19 @@ def test_bind_clamps_and_refusals():
 def test_state_dict_round_trips_exactly():
     one = AdaptiveAhead(target_wait=0.2, max_gap=0.3, start=0)
     one.bind(3)
-    for wait, gap in [(0.5, 0.0), (0.5, 0.0), (0.0, 0.0), (0.5, 0.9)]:
-        one.observe(wait, gap)
+    for wait, gap, cycle in [(0.5, 0.0, 1.0), (0.5, 0.0, 1.0), (0.0, 0.0, 1.0), (0.5, 0.9, 1.0)]:
+        one.observe(wait, gap, cycle)
     other = AdaptiveAhead(target_wait=0.2, max_gap=0.3, start=0)
     other.bind(3)
     other.load_state_dict(one.state_dict())
-    assert other.state_dict() == one.state_dict() == {"ahead": 1, "steps": 4}
+    assert other.state_dict() == one.state_dict()
+    assert one.state_dict() == {"ahead": 0, "steps": 4, "recent": [1, 1],
+                                "cycles": {"0": [1.0]}}  # fmt: skip
     # the two continue identically
-    for wait, gap in [(0.5, 0.0), (0.5, 0.0), (0.01, 0.0), (0.5, 0.4)]:
-        assert other.observe(wait, gap) == one.observe(wait, gap)
+    for wait, gap, cycle in [(0.5, 0.0, 1.0), (0.5, 0.0, 0.8), (0.5, 0.0, 0.7), (0.5, 0.0, 0.5),
+                             (0.5, 0.0, 0.5), (0.01, 0.0, 0.5), (0.5, 0.4, 0.5)]:  # fmt: skip
+        assert other.observe(wait, gap, cycle) == one.observe(wait, gap, cycle)
+    assert other.state_dict() == one.state_dict() and len(one.cycle_at) >= 2
 
 
 def test_off_policy_gap_averages_the_masked_tokens_only():
@@ -129,14 +154,15 @@ def check_submissions(source, records, batches, max_lag):
 
 def test_a_slow_source_raises_ahead_to_the_bound_and_a_fast_one_keeps_it(tiny, objective):
     slow = AdaptiveAhead(target_wait=0.3, max_gap=100.0, start=0)
-    scheduler, source, records = run(objective, tiny, 0.4, slow)
+    scheduler, source, records = run(objective, tiny, 0.4, slow, batches=8)
     used = [r.metrics["staleness/ahead"] for r in records]
-    assert used == sorted(used) and used[0] == 0 and used[-1] == 3 == scheduler.top
+    assert used == sorted(used) and used[0] == 0 and scheduler.top == 3  # a level per 2+ calls
     assert "staleness/wait_share" not in records[0].metrics  # no cycle yet
     assert max(r.metrics["staleness/wait_share"] for r in records[1:]) > 0.3
     assert all(r.metrics["staleness/gap"] > 0 for r in records)
     assert scheduler.last_metrics["staleness/next_ahead"] == slow.ahead == 3
-    check_submissions(source, records, 7, 3)
+    assert slow.cycle_at[2] < 0.9 * slow.cycle_at[1] < 0.9 * slow.cycle_at[0]  # each helped
+    check_submissions(source, records, 8, 3)
 
     fast = AdaptiveAhead(target_wait=0.3, max_gap=100.0, start=1)
     _, source, records = run(objective, tiny, 0.0, fast, batches=4)
@@ -152,18 +178,19 @@ def test_a_large_gap_lowers_ahead_and_leaves_submitted_batches_in_flight(tiny, o
     assert [r.metrics["staleness/next_ahead"] for r in records] == [2, 1, 0, 0, 0, 0]
     # batch 3 went out with the first call (ahead 3) and was collected, not drawn again
     check_submissions(source, records, 6, 3)
-    assert scheduler.state_dict() == {"ahead": {"ahead": 0, "steps": 6}}
+    state = scheduler.state_dict()["ahead"]
+    assert (state["ahead"], state["steps"], state["recent"]) == (0, 6, [0, 0])
 
 
 def test_the_controller_resumes_from_the_scheduler_state(tiny, objective):
-    control = AdaptiveAhead(target_wait=0.3, max_gap=100.0, start=0)
+    control = AdaptiveAhead(target_wait=0.1, max_gap=100.0, start=0)
     first, _, _ = run(objective, tiny, 0.3, control, batches=3)
     state = first.state_dict()
-    assert state == {"ahead": {"ahead": 2, "steps": 3}}
-    again = AdaptiveAhead(target_wait=0.3, max_gap=100.0, start=0)
+    assert (state["ahead"]["ahead"], state["ahead"]["steps"]) == (1, 3)
+    again = AdaptiveAhead(target_wait=0.1, max_gap=100.0, start=0)
     resumed, source, records = run(objective, tiny, 0.3, again, batches=3, state=state)
-    assert records[0].metrics["staleness/ahead"] == 2  # the first call draws 2 ahead
-    assert again.steps == 6 and again.ahead == 3
+    assert records[0].metrics["staleness/ahead"] == 1  # the first call draws 1 ahead
+    assert again.steps == 6 and again.ahead == 2
     check_submissions(source, records, 3, 3)
 
 
@@ -280,7 +307,5 @@ def test_train_grpo_chooses_ahead_from_the_config_and_checkpoints_it(tmp_path, m
     logged = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [m["staleness/ahead"] for m in logged] == [1, 1, 2]
     metas = sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
-    assert json.loads(metas[-1].read_text())["extra"]["rollout"]["ahead"] == {
-        "ahead": 2,
-        "steps": 3,
-    }
+    kept = json.loads(metas[-1].read_text())["extra"]["rollout"]["ahead"]
+    assert (kept["ahead"], kept["steps"]) == (2, 3) and set(kept["cycles"]) == {"1"}

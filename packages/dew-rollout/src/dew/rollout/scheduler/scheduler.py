@@ -206,7 +206,7 @@ class RolloutScheduler:
         del self._work[index]
         self.stream.forget(index)
         out, record = self._pack(variables, work, updates, waited, pushed)
-        self._adapt(out, record.metrics, None if cycle is None else waited / (end - cycle))
+        self._adapt(out, record.metrics, waited, None if cycle is None else end - cycle)
         self.progress.close()
         if self.log is not None:
             self.log(record)
@@ -226,11 +226,15 @@ class RolloutScheduler:
         self._work.clear()
         self._collected = None
 
-    def _adapt(self, out: Mapping[str, Any], metrics: dict, share: float | None) -> None:
+    def _adapt(self, out: Mapping[str, Any], metrics: dict, waited: float,
+               cycle: float | None) -> None:  # fmt: skip
         """Measure the batch (``staleness``); an adaptive ``ahead`` chooses the next one."""
+        share = None if cycle is None else waited / cycle
         measured = staleness_metrics(out, self.ahead, share)
+        if cycle is not None:
+            measured["staleness/cycle"] = cycle
         if self.adaptive is not None:
-            self.ahead = self.adaptive.observe(share, measured["staleness/gap"])
+            self.ahead = self.adaptive.observe(share, measured["staleness/gap"], cycle)
         measured["staleness/next_ahead"] = float(self.ahead)
         metrics.update(measured)
         self.last_metrics = {**self.last_metrics, **measured}

@@ -10,23 +10,45 @@ takes two measurements of each packed batch and moves ``ahead`` by at most one p
 - ``gap``: the batch's off-policy gap, the mean ``|old_log_probs - behavior_log_probs|``
   over its response tokens (``off_policy_gap``).
 
-The rule, applied in this order: ``gap > max_gap`` steps ``ahead`` down by one (never below
-0); else ``wait_share > target_wait`` steps it up by one (never above ``maximum``); else it
-stays. A call with no cycle to measure (the first after the stream opened) passes
-``wait_share=None``: only the gap rule applies. ``maximum`` is what the schedule allows: ``max_lag - sync_every + 1``, which the
-scheduler binds (``bind``). The rule reads nothing but its two arguments and its own
-``ahead``, so a run resumed from ``state_dict`` chooses as the uninterrupted run did.
+Drawing further ahead only helps while the rollouts are what the trainer waits for: where
+the engine and the trainer share the same cores, more work in flight slows the trainer too,
+and the updates come no faster. So the controller also remembers the cycle it saw at each
+``ahead`` (``cycle``: seconds from one collection's end to the next; a level's cycle is
+the median of its last ``WINDOW`` measurements, so one long pause, a checkpoint or an
+evaluation, does not move it), and the rule, applied in this order, is:
+
+1. ``gap > max_gap``: step down by one (never below 0);
+2. the level below was tried and its cycle was at most ``(1 + MARGIN)`` of this level's:
+   step down (as fast, on fresher weights);
+3. ``wait_share > target_wait``: step up by one (never above ``maximum``), unless the level
+   above was tried and its cycle was not below ``(1 - MARGIN)`` of this level's;
+4. else stay.
+
+A new ``ahead`` shows in the cycle only two calls later (the call that chooses it has
+already submitted; the next submits with it; the one after collects that batch), so a cycle
+counts for its level only when the two calls before it drew with the same ``ahead``, and a
+level with no such cycle yet is held (rules 2 to 4 wait for it). A call with no cycle to
+measure (the first after the stream opened) passes ``wait_share=None`` and ``cycle=None``. ``maximum`` is what the
+schedule allows, ``max_lag - sync_every + 1``, which the scheduler binds (``bind``). The
+rule reads nothing but its arguments and its own state, so a run resumed from
+``state_dict`` chooses as the uninterrupted run did.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from dew.checks import is_int
+
+#: The relative difference in cycle time that counts as a change between two levels.
+MARGIN = 0.1
+#: How many of a level's latest cycles its median is taken over.
+WINDOW = 5
 
 
 def off_policy_gap(batch: Mapping[str, Any]) -> float:
@@ -81,6 +103,8 @@ class AdaptiveAhead:
         self.ahead = int(start)
         self.maximum: int | None = None
         self.steps = 0  # observations so far
+        self.cycles: dict[int, list[float]] = {}  # the latest cycle seconds at each ahead
+        self.recent: list[int] = []  # the ahead of the last two calls
 
     def bind(self, maximum: int) -> int:
         """Cap ``ahead`` at ``maximum`` (the schedule's bound); returns the current ``ahead``."""
@@ -90,20 +114,47 @@ class AdaptiveAhead:
         self.ahead = min(self.ahead, self.maximum)
         return self.ahead
 
-    def observe(self, wait_share: float | None, gap: float) -> int:
-        """One batch's measurements (``wait_share`` None: not measured); returns the
-        ``ahead`` for the next submissions."""
+    def observe(self, wait_share: float | None, gap: float, cycle: float | None = None) -> int:
+        """One batch's measurements (``wait_share``, ``cycle`` None: not measured); returns
+        the ``ahead`` for the next submissions."""
         top = self.ahead + 1 if self.maximum is None else self.maximum
-        if gap > self.max_gap:
-            self.ahead = max(self.ahead - 1, 0)
-        elif wait_share is not None and wait_share > self.target_wait:
-            self.ahead = min(self.ahead + 1, top)
         self.steps += 1
+        level = self.ahead
+        self.recent = [*self.recent, level][-2:]
+        if gap > self.max_gap:
+            self.ahead = max(level - 1, 0)
+            return self.ahead
+        if self.recent != [level, level]:
+            return self.ahead  # this level's cycle does not show yet
+        if cycle is not None:
+            self.cycles[level] = [*self.cycles.get(level, []), float(cycle)][-WINDOW:]
+        cycle_at = self.cycle_at
+        here = cycle_at.get(level)
+        if here is None:
+            return self.ahead
+        above, below = cycle_at.get(level + 1), cycle_at.get(level - 1)
+        if below is not None and below <= (1 + MARGIN) * here:
+            self.ahead = level - 1
+        elif (
+            wait_share is not None
+            and wait_share > self.target_wait
+            and level < top
+            and (above is None or above < (1 - MARGIN) * here)
+        ):
+            self.ahead = level + 1
         return self.ahead
 
-    def state_dict(self) -> dict[str, int]:
-        """``{"ahead": int, "steps": int}``, JSON-ready."""
-        return {"ahead": self.ahead, "steps": self.steps}
+    @property
+    def cycle_at(self) -> dict[int, float]:
+        """Each tried level's cycle: the median of its latest measurements, in seconds."""
+        return {level: statistics.median(seen) for level, seen in sorted(self.cycles.items())}
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"ahead", "steps", "recent": [int], "cycles": {str(level): [seconds]}}``,
+        JSON-ready."""
+        cycles = {str(level): list(seen) for level, seen in sorted(self.cycles.items())}
+        return {"ahead": self.ahead, "steps": self.steps, "recent": list(self.recent),
+                "cycles": cycles}  # fmt: skip
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state_dict``'s output (``ahead`` clamped to a bound ``maximum``)."""
@@ -112,6 +163,8 @@ class AdaptiveAhead:
             raise ValueError(f"state['ahead']: expected an integer >= 0, got {ahead!r}")
         self.ahead = int(ahead) if self.maximum is None else min(int(ahead), self.maximum)
         self.steps = int(state.get("steps", 0))
+        self.cycles = {int(k): [float(x) for x in v] for k, v in state.get("cycles", {}).items()}
+        self.recent = [int(level) for level in state.get("recent", [])][-2:]
 
     def __repr__(self) -> str:
         return (
