@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dew.sandbox.recipe import _limits, _mapping, _unknown
+from dew.sandbox.recipe import _limits, _mapping, _strings, _unknown
 from dew.sandbox.subprocess_environment import SubprocessEnvironment
 
 __all__ = ["ENVIRONMENT_KEYS", "subprocess_environment"]
@@ -42,14 +42,7 @@ def subprocess_environment(args: Mapping[str, Any] | None) -> SubprocessEnvironm
     """
     given = _mapping(args, "source")
     _unknown(given, ENVIRONMENT_KEYS, "")
-    command = given.get("command")
-    if (
-        isinstance(command, str | bytes)
-        or not isinstance(command, list | tuple)
-        or not command
-        or not all(isinstance(part, str) and part for part in command)
-    ):
-        raise ValueError(f"command: expected a nonempty list of strings, got {command!r}")
+    command = _strings(given.get("command"), "command", "a nonempty list of strings")
     env = _mapping(given.get("env"), "env")
     for name, value in env.items():
         if not isinstance(value, str):

@@ -59,6 +59,19 @@ def _mapping(value: Any, key: str) -> Mapping[str, Any]:
     return value
 
 
+def _strings(value: Any, key: str, what: str) -> list[str]:
+    """``value`` as a nonempty list of nonempty strings, else ``ValueError`` naming ``key``
+    and ``what`` was expected."""
+    if (
+        isinstance(value, str | bytes)
+        or not isinstance(value, list | tuple)
+        or not value
+        or not all(isinstance(part, str) and part for part in value)
+    ):
+        raise ValueError(f"{key}: expected {what}, got {value!r}")
+    return list(value)
+
+
 def _unknown(given: Mapping[str, Any], known: tuple[str, ...], prefix: str) -> None:
     for name in given:
         if name not in known:

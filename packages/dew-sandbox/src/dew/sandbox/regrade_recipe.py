@@ -31,7 +31,7 @@ from typing import Any
 
 from dew.sandbox.fleet import SandboxFleet
 from dew.sandbox.program import Program
-from dew.sandbox.recipe import _limits, _mapping, _runner, _unknown
+from dew.sandbox.recipe import _limits, _mapping, _runner, _strings, _unknown
 from dew.sandbox.regrade import SandboxRegrader
 
 __all__ = ["REGRADE_KEYS", "sandbox_regrader"]
@@ -39,17 +39,6 @@ __all__ = ["REGRADE_KEYS", "sandbox_regrader"]
 #: The keys ``source.regrade`` may hold.
 REGRADE_KEYS = ("command", "files", "inputs", "runner", "workers", "limits", "container",
                 "max_bytes")  # fmt: skip
-
-
-def _strings(value: Any, key: str, what: str) -> list[str]:
-    if (
-        isinstance(value, str | bytes)
-        or not isinstance(value, list | tuple)
-        or not value
-        or not all(isinstance(part, str) and part for part in value)
-    ):
-        raise ValueError(f"{key}: expected {what}, got {value!r}")
-    return list(value)
 
 
 def _inputs(value: Any) -> dict[str, bytes]:
