@@ -121,9 +121,40 @@ def test_likelihood_semantics_are_enforced(fake_vllm, provider, sampling, proces
         server_for(fake_vllm, provider, sampling, processed_logprobs=processed)
 
 
-def test_accepted_samplings(fake_vllm):
-    server_for(fake_vllm, "vllm", Sampling(temperature=0.7), processed_logprobs=True).close()
-    server_for(fake_vllm, "sglang", Sampling(temperature=0.3)).close()
+def test_accepted_samplings(fake_vllm, fake_sglang):
+    """A temperature the engine can report the likelihood of reaches it as the request's
+    `temperature`, with the other sampling fields at their no-filter values; vLLM's
+    processed log-probabilities are a launch flag (`--logprobs-mode`), never a request
+    field, so the body holds only fields of vLLM's and SGLang's CompletionRequest."""
+    common = {"model": "policy", "prompt": [3, 4, 5], "max_tokens": 6, "seed": 2, "logprobs": 0,
+              "top_p": 1.0, "top_k": -1, "min_p": 0.0, "ignore_eos": True, "stop_token_ids": [5]}  # fmt: skip
+    cases = [
+        (fake_vllm, "vllm", 0.7, True, {"return_tokens_as_token_ids": True}, -0.5),
+        (
+            fake_sglang,
+            "sglang",
+            0.3,
+            False,
+            {"return_token_ids": True, "no_stop_trim": True},
+            -0.75,
+        ),
+    ]
+    for engine, provider, temperature, processed, own, first in cases:
+        sampling = Sampling(temperature=temperature, eos_id=5)
+        with server_for(engine, provider, sampling, processed_logprobs=processed) as server:
+            draw = server.submit([3, 4, 5], 6, seed=2).result(timeout=30)
+        path, _, body = engine.calls[-1]
+        assert path == "/v1/completions" and len(engine.calls) == 1
+        assert body == {**common, "temperature": temperature, **own}, provider
+        assert type(body["temperature"]) is float
+        want = sampled([3, 4, 5], 2, 0, 6, engine.vocab)
+        stop = next((i for i, t in enumerate(want) if t == 5), None)
+        want = want if stop is None else want[: stop + 1]
+        assert draw.ids.tolist() == want, provider
+        # the engine's reported (processed) log-probabilities come back unchanged
+        np.testing.assert_allclose(
+            draw.behavior_log_probs, [first - 0.01 * i for i in range(len(want))]
+        )
 
 
 def test_load_goes_to_the_publisher_and_moves_the_version(fake_vllm):
