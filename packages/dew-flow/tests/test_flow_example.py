@@ -8,6 +8,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import zlib
@@ -106,21 +107,36 @@ def test_the_quickstart_raises_the_reward(tmp_path) -> None:
         assert lines and "loss" in json.loads(lines[-1])
 
 
+def _shares(out: str, when: str) -> tuple[str, str]:
+    """The held-out and RL-label shares the quickstart printed ``when`` ("before"/"after")."""
+    found = re.search(rf"share {when} Flow-GRPO: +held-out ([0-9.]+), RL labels ([0-9.]+)", out)
+    assert found is not None, out
+    return found[1], found[2]
+
+
 def test_dew_quickstart_flow_goes_through_the_entry_point(tmp_path, capsys) -> None:
+    """``dew quickstart --flow`` at the smallest scale it takes (one step per stage) trains
+    through the ``dew.quickstart`` entry point; what it printed is what its summary.json
+    holds, and a second call with the same options finds the run complete."""
     from dew.quickstart.command import main
 
-    flow_dir = tmp_path / "flow"
-    flow_dir.mkdir()
-    settings = Settings(seed=3).scaled(0.5)
-    summary = {
-        "complete": True,
-        "settings": dataclasses.asdict(settings),
-        "held_out_reward_before": 0.01,
-        "held_out_reward_after": 0.25,
-        "grid": "grid.png",
-    }
-    (flow_dir / "summary.json").write_text(json.dumps(summary))
-    argv = ["--flow", "--run-dir", str(tmp_path), "--seed", "3", "--steps", "0.5"]
-    assert main(argv) == 0
+    argv = ["--flow", "--run-dir", str(tmp_path), "--seed", "3", "--steps", "0.001"]
+    assert main([*argv, "--progress", "off"]) == 0
     out = capsys.readouterr().out
-    assert "is complete; nothing to train" in out and "0.010 -> 0.250" in out
+    flow_dir = tmp_path / "flow"
+    summary = json.loads((flow_dir / "summary.json").read_text())
+    settings = Settings(seed=3).scaled(0.001)
+    assert settings.pretrain_steps == settings.rl_steps == 1
+    assert summary["complete"] and summary["settings"] == dataclasses.asdict(settings)
+    assert summary["updates"] == 1 and (flow_dir / summary["grid"]).is_file()
+    for when in ("before", "after"):
+        held, rl = (f"{summary[f'{k}_reward_{when}']:.3f}" for k in ("held_out", "rl"))
+        assert _shares(out, when) == (held, rl), (when, summary)
+    for stage in ("pretrain", "flow_grpo"):
+        assert (flow_dir / stage / "metrics.jsonl").read_text().strip()
+    assert main(argv) == 0
+    again = capsys.readouterr().out
+    assert f"{flow_dir} is complete; nothing to train" in again
+    held = [f"{summary[f'held_out_reward_{when}']:.3f}" for when in ("before", "after")]
+    assert f"held-out red share {held[0]} -> {held[1]}" in again
+    assert json.loads((flow_dir / "summary.json").read_text()) == summary
