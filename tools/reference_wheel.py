@@ -1,9 +1,9 @@
 """Provenance for the fixture recorders: a reference wheel's sha256, source hashes, atomic writes.
 
-The recorders (``parity_agentic.py``, ``parity_dpo.py``, ``parity_ppo.py``, ``parity_rl.py``,
-``verl_interop_reference.py``) run in the reference virtualenv, where Dew is not installed, so
-they cannot use ``dew.files``; they import this module as a sibling (``python
-tools/<recorder>.py`` puts ``tools/`` on the path).
+The recorders (``parity_agentic.py``, ``parity_dpo.py``, ``parity_dpo_tokens.py``,
+``parity_ppo.py``, ``parity_rl.py``, ``verl_interop_reference.py``) run in the reference
+virtualenv, where Dew is not installed, so they cannot use ``dew.files``; they import this
+module as a sibling (``python tools/<recorder>.py`` puts ``tools/`` on the path).
 
 Neither the verl nor the TRL wheel records a git revision, so each fixture's sidecar names the
 package version and the sha256 of the wheel it came from.

@@ -129,9 +129,12 @@ class ChatTokenizer:
             **kwargs,
         )
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of rendered text, no special tokens added."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; by default no special tokens are added (rendered text holds
+        its own). ``add_special_tokens=True`` applies the tokenizer's post-processor (a BOS
+        first, for tokenizers that add one), as calling a transformers tokenizer on text does.
+        """
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
