@@ -25,7 +25,14 @@ def _rows(recorded, name):
 
 @pytest.mark.parametrize(
     "case",
-    ["qwen3_tied", "qwen3_untied_sharded", "llama3_untied", "llama_linear_tied", "qwen2_tied"],
+    [
+        "qwen3_tied",
+        "qwen3_untied_sharded",
+        "llama3_untied",
+        "llama_linear_tied",
+        "qwen2_tied",
+        "mistral_sliding",
+    ],
 )
 def test_greedy_equals_transformers_generate(case):
     pretrained = load_pretrained(FIXTURES / case)

@@ -62,7 +62,7 @@ PUBLISH = ("reload", "nccl")
 NCCL_ARGS = ("--weight-transfer-config", json.dumps({"backend": "nccl"}))
 #: Decoder fields an engine's config.json must agree with the policy on.
 SHAPE = ("vocab_size", "emb_features", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-         "mlp_features", "qk_norm", "attention_bias", "tie_embeddings")  # fmt: skip
+         "mlp_features", "qk_norm", "attention_bias", "tie_embeddings", "sliding_window")  # fmt: skip
 
 
 def served_policy(model: Any, params: Any, kind: str) -> Pretrained:

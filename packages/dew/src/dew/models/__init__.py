@@ -24,7 +24,9 @@ Contract the rest of Dew relies on::
 * Families: "causal_transformer", "llama", "mistral", "qwen2", "qwen3"
   (`families()`); any `DecoderConfig` field is a keyword (num_kv_heads, head_dim,
   rope_theta, rope_scaling, qk_norm, tie_embeddings, logit_softcap,
-  dtype="float32"|"bfloat16", ...). Parameters are always float32.
+  sliding_window, dtype="float32"|"bfloat16", ...). Parameters are always float32.
+  sliding_window=W (Mistral checkpoints carry one) limits each token to itself and
+  the W-1 tokens before it, in the forward pass and in cached decoding alike.
 * Checkpoints: `load_pretrained(directory)` reads a Hugging Face layout into a
   `Pretrained(model, variables, config)`; `Pretrained.save(directory, dtype=...)`
   writes it back; `Pretrained.export()` yields the `(hf_name, array)` pairs.

@@ -89,6 +89,10 @@ class DecoderConfig:
     RMSNorm on queries and keys before the rotation. attention_bias: biases on
     the q/k/v projections (Qwen2). tie_embeddings: the output head reuses the
     token embedding. logit_softcap: if set, logits become cap * tanh(x / cap).
+    sliding_window: None for full causal attention, or W >= 1: the query at
+    index i sees only the keys at indices i-W+1 .. i (its own and the W-1 before
+    it, inside its segment), in training, prefill and cached decoding alike;
+    W = 1 lets a token see only itself, W >= T equals full attention.
     dtype: compute dtype name ("float32" or "bfloat16"); parameters stay float32.
     init_std: standard deviation of the normal initializer.
     """
@@ -108,6 +112,7 @@ class DecoderConfig:
     attention_bias: bool = False
     tie_embeddings: bool = True
     logit_softcap: float | None = None
+    sliding_window: int | None = None
     dtype: str = "float32"
     init_std: float = 0.02
 
@@ -139,6 +144,11 @@ class DecoderConfig:
             raise ValueError(f"dtype: expected one of {tuple(_DTYPES)}, got {self.dtype!r}")
         if self.logit_softcap is not None and self.logit_softcap <= 0:
             raise ValueError(f"logit_softcap: expected > 0 or None, got {self.logit_softcap}")
+        window = self.sliding_window
+        if window is not None and (
+            not isinstance(window, int) or isinstance(window, bool) or window <= 0
+        ):
+            raise ValueError(f"sliding_window: expected a positive int or None, got {window!r}")
 
     @property
     def compute_dtype(self) -> Any:

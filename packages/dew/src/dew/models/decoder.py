@@ -8,7 +8,9 @@ Packed rows: `segment_ids` `[B, T]` names the chain each token belongs to (0 is
 padding) and `positions` `[B, T]` restarts at 0 for each chain. A token attends
 only to earlier-or-equal tokens of its own segment, so chains that share a row
 never see each other. Padding tokens attend to nothing real and their outputs
-are meaningless (finite, never NaN).
+are meaningless (finite, never NaN). With `config.sliding_window` W a token
+also ignores keys more than W - 1 tokens before it (counted in row indices,
+which inside one packed segment equal position differences).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
-from dew.models.layers import DecoderLayer, RMSNorm
+from dew.models.layers import DecoderLayer, RMSNorm, visible
 from dew.models.linear import Linear
 from dew.models.rope import inverse_frequencies, rotary_tables
 
@@ -139,7 +141,8 @@ class CausalTransformer(nn.Module):
                 )
         idx = jnp.arange(t)
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        mask = same & (segment_ids[:, None, :] != 0) & (idx[None, :, None] >= idx[None, None, :])
+        seen = visible(idx[:, None], idx[None, :], self.config.sliding_window)
+        mask = same & (segment_ids[:, None, :] != 0) & seen[None]
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
         kvs = []

@@ -1,7 +1,8 @@
 """Mapping between Hugging Face decoder checkpoints and Dew's config and parameter tree.
 
-Covers the `LlamaForCausalLM`, `MistralForCausalLM` (without a sliding window),
-`Qwen2ForCausalLM` and `Qwen3ForCausalLM` layouts of transformers 5.x. Linear
+Covers the `LlamaForCausalLM`, `MistralForCausalLM` (with or without its
+sliding window), `Qwen2ForCausalLM` and `Qwen3ForCausalLM` layouts of
+transformers 5.x. Linear
 weights are stored `[out, in]` by torch and `[in, out]` by flax, so they are
 transposed on the way in and out; embeddings and norm scales are not.
 """
@@ -59,7 +60,10 @@ def decoder_config(hf: Mapping[str, Any], dtype: str = "float32") -> tuple[str, 
     """(family, DecoderConfig) for a Hugging Face config.json mapping.
 
     Refuses features Dew's decoder does not implement (other activations,
-    sliding windows, o_proj or MLP biases) with an error naming the field.
+    o_proj or MLP biases, a Qwen2 sliding window, which covers only some layers)
+    with an error naming the field. A Mistral `sliding_window` becomes
+    `DecoderConfig.sliding_window` unless `use_sliding_window` is false; null
+    means full attention.
     """
     arch = architecture_of(hf)
     family = ARCHITECTURES[arch]
@@ -70,11 +74,7 @@ def decoder_config(hf: Mapping[str, Any], dtype: str = "float32") -> tuple[str, 
         raise ValueError("config.json mlp_bias: MLP biases are not supported (got true)")
     if family != "qwen2" and hf.get("attention_bias"):
         raise ValueError(f"config.json attention_bias: not supported for {arch} (got true)")
-    sliding = hf.get("use_sliding_window", family == "mistral") and hf.get("sliding_window")
-    if sliding:
-        raise ValueError(
-            f"config.json sliding_window: sliding-window attention is not supported (got {sliding})"
-        )
+    window = _sliding_window(hf, family, arch)
     theta, scaling = _rope(hf)
     config = DecoderConfig(
         vocab_size=int(hf["vocab_size"]),
@@ -92,9 +92,26 @@ def decoder_config(hf: Mapping[str, Any], dtype: str = "float32") -> tuple[str, 
         attention_bias=family == "qwen2",
         tie_embeddings=bool(hf.get("tie_word_embeddings", family != "llama")),
         logit_softcap=hf.get("final_logit_softcapping"),
+        sliding_window=window,
         dtype=dtype,
     )
     return family, config
+
+
+def _sliding_window(hf: Mapping[str, Any], family: str, arch: str) -> int | None:
+    window = hf.get("sliding_window")
+    if window is None or not hf.get("use_sliding_window", family == "mistral"):
+        return None
+    if family != "mistral":
+        raise ValueError(
+            f"config.json use_sliding_window: sliding windows are read for MistralForCausalLM "
+            f"only, got true for {arch}"
+        )
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(
+            f"config.json sliding_window: expected a positive int or null, got {window!r}"
+        )
+    return window
 
 
 def hf_config(config: DecoderConfig, family: str, extra: Mapping[str, Any] | None = None) -> dict:
@@ -110,6 +127,11 @@ def hf_config(config: DecoderConfig, family: str, extra: Mapping[str, Any] | Non
         raise ValueError(f"attention_bias={config.attention_bias} cannot be written as {arch}")
     if config.logit_softcap is not None:
         raise ValueError("logit_softcap: Llama and Qwen checkpoints have no logit softcap")
+    if config.sliding_window is not None and arch != "MistralForCausalLM":
+        raise ValueError(
+            f"sliding_window={config.sliding_window} cannot be written as {arch}; "
+            "build the model as 'mistral'"
+        )
     out = dict(extra or {})
     out.update(
         architectures=[arch],
@@ -133,6 +155,11 @@ def hf_config(config: DecoderConfig, family: str, extra: Mapping[str, Any] | Non
         out.setdefault("attention_bias", False)
     if arch == "LlamaForCausalLM":
         out.setdefault("mlp_bias", False)
+    if arch == "MistralForCausalLM":
+        # transformers' Mistral default is a 4096 window, so null is written explicitly.
+        out["sliding_window"] = config.sliding_window
+        if config.sliding_window is not None:
+            out.pop("use_sliding_window", None)
     return out
 
 

@@ -14,6 +14,11 @@ Attention runs in two modes:
 * `decode` for one new token per row against a key/value cache
   `[B, KVH, S, Dh]`, writing the new key/value at each row's own slot and
   leaving rows that are not `active` untouched.
+
+Both modes decide which keys a query may see with `visible`, the one place
+where causality and the optional sliding window (`config.sliding_window`) are
+spelled out; with a window, the whole-sequence mode also skips key blocks that
+lie entirely before every query of a chunk's window.
 """
 
 from __future__ import annotations
@@ -31,6 +36,22 @@ from dew.models.rope import apply_rotary
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 # Queries are processed in chunks of this many positions over the causal prefix of keys.
 QUERY_CHUNK = 128
+
+
+def visible(query: jax.Array, key: jax.Array, window: int | None) -> jax.Array:
+    """Whether the query at index `query` may attend to the key at index `key`.
+
+    Indices are token positions in the row (or cache slots) and broadcast
+    against each other, e.g. `[T, 1]` with `[1, S]` gives `[T, S]`. Causal:
+    key <= query. With a window W (a positive int) the key must also be one of
+    the W most recent, query - W < key, so W = 1 keeps only the token itself
+    and W >= the sequence length is plain causal attention. Segment and padding
+    checks are left to the caller.
+    """
+    seen = key <= query
+    if window is not None:
+        seen = seen & (key > query - window)
+    return seen
 
 
 def _dense(
@@ -108,21 +129,26 @@ class Attention(nn.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """x `[B, T, D]`, tables `[B, T, Dh]`, mask bool `[B, T, T]` (query, key).
 
+        The mask must already hold the causal and sliding-window rule (`visible`)
+        and the segment boundaries; keys outside a chunk's window are not read.
         Returns the output `[B, T, D]` and the rotated keys and values
         `[B, T, KVH, Dh]`.
         """
         b, t, _ = x.shape
+        window = self.config.sliding_window
         q, k, v = self._project(x, cos, sin)
         keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-        # Causal blocks: query chunk [s, e) only needs keys [0, e). Skipping the upper
-        # triangle halves the work and keeps each chunk's scores in cache.
+        # Causal blocks: query chunk [s, e) only needs keys [0, e), or [s - W + 1, e)
+        # with a sliding window W. Skipping the rest halves the work (or more) and keeps
+        # each chunk's scores in cache; the mask still decides inside the block.
         outputs = []
         for start in range(0, t, QUERY_CHUNK):
             end = min(start + QUERY_CHUNK, t)
-            scores = self._scores(q[:, start:end], keys[:, :, :end])
-            block = mask[:, None, None, start:end, :end]
+            low = 0 if window is None else max(0, start - window + 1)
+            scores = self._scores(q[:, start:end], keys[:, :, low:end])
+            block = mask[:, None, None, start:end, low:end]
             probs = jax.nn.softmax(jnp.where(block, scores, NEG_INF), axis=-1)
-            outputs.append(self._output(probs, values[:, :, :end], b, end - start))
+            outputs.append(self._output(probs, values[:, :, low:end], b, end - start))
         out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
         return out, (k, v)
 
@@ -142,7 +168,9 @@ class Attention(nn.Module):
 
         Rows with `active` false keep their cache bit for bit. window (static): attend
         only over the first `window` slots, which must cover every active row's
-        `slot`; it saves reading the unused tail of a large cache.
+        `slot`; it saves reading the unused tail of a large cache. It is unrelated to
+        `config.sliding_window`, which hides the slots older than the last W keys
+        (slot - W < j <= slot) while the cache keeps every slot.
         """
         cfg = self.config
         b = x.shape[0]
@@ -162,8 +190,8 @@ class Attention(nn.Module):
         q = q.reshape(b, cfg.kv_heads, groups, dh)
         scores = jnp.einsum("bkgd,bksd->bkgs", q, keys, preferred_element_type=jnp.float32)
         scores = scores * (dh**-0.5)
-        visible = jnp.arange(keys.shape[2])[None, :] <= slot[:, None]
-        scores = jnp.where(visible[:, None, None, :], scores, NEG_INF)
+        seen = visible(slot[:, None], jnp.arange(keys.shape[2])[None, :], cfg.sliding_window)
+        scores = jnp.where(seen[:, None, None, :], scores, NEG_INF)
         probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
         out = jnp.einsum("bkgs,bksd->bkgd", probs, values)
         return self.o_proj(out.reshape(b, 1, -1)), k_cache, v_cache
