@@ -1,8 +1,10 @@
 """``source: {kind: harbor}`` from one config: ``python -m dew.cli train grpo --config`` runs
 stand-in Harbor trials (harbor_standin.py) whose agents reach ``FakeChatVLLM`` through the
 real rllm-model-gateway and the run's own sandbox proxy, trains on the recorded calls and
-pushes each update's weights into the engine (the fake takes vLLM's reload routes). The
-config is examples/harbor/grpo.yaml with this machine's addresses and a shorter run."""
+pushes each update's weights into the engine (the fake takes vLLM's reload routes), with
+``source.regrade`` on: every trial is re-graded by ``harbor trial regrade`` and the counts
+reach rollout.jsonl. The config is examples/harbor/grpo.yaml with this machine's addresses
+and a shorter run."""
 
 from __future__ import annotations
 
@@ -25,12 +27,17 @@ from dew.testing import checkpoint_arrays, free_port
 #: The fake engine answers a prompt the same way every time and Harbor gives trials no seed,
 #: so both trials of a task draw the same calls; this verifier scores a task's trials 0, 1,
 #: 0, ... in the order they finish (one worker: the order they were submitted in), so every
-#: group holds two different rewards and every update has a learning signal.
+#: group holds two different rewards and every update has a learning signal. The verifier is a
+#: separate-mode one (run from a copy of tests/, so its state lives at the task's absolute
+#: path); re-graded (``REGRADE`` set through ``source.regrade.verifier_env``) it repeats the
+#: reward of the task's latest trial, which with one worker is the trial being re-graded.
 ALTERNATE = """#!/bin/sh
+if [ -n "$REGRADE" ]; then cat "{task}/latest" > "$REWARD_FILE"; exit 0; fi
 n=0
-while ! mkdir "$(dirname "$0")/../graded.$n" 2>/dev/null; do n=$((n + 1)); done
-echo $((n % 2)) > "$REWARD_FILE"
+while ! mkdir "{task}/graded.$n" 2>/dev/null; do n=$((n + 1)); done
+echo $((n % 2)) | tee "{task}/latest" > "$REWARD_FILE"
 """
+SEPARATE = '\n[verifier]\nenvironment_mode = "separate"\n'
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +57,10 @@ def harbor_config(base: Path, engine: FakeChatVLLM, gateway: GatewayProcess) -> 
     short run: only what cannot be the example's own value is replaced."""
     checkpoint = base / "policy"
     for name in ("one", "two"):
-        make_task(base / "tasks", name, grade=ALTERNATE)
+        task = base / "tasks" / name
+        make_task(base / "tasks", name, grade=ALTERNATE.format(task=task))
+        with open(task / "task.toml", "a") as toml:
+            toml.write(SEPARATE)
     config = yaml.safe_load(EXAMPLE.read_text())
     config["run"].update(run_dir=str(base / "run"), steps=2, batch=2, checkpoint_every=1,
                          progress=False)  # fmt: skip
@@ -59,7 +69,8 @@ def harbor_config(base: Path, engine: FakeChatVLLM, gateway: GatewayProcess) -> 
     config["objective"]["groups"] = 2
     config["rollout"]["engine"].update(url=engine.url, directory=str(checkpoint))
     config["source"].update(harbor=STANDIN, agent="stand-in", model=MODEL, args=[],
-                            ready_timeout=60, workers=1, width=128)  # fmt: skip
+                            ready_timeout=60, workers=1, width=128,
+                            regrade={"verifier_env": {"REGRADE": "1"}})  # fmt: skip
     config["source"]["gateway"].update(url=gateway.url, timeout=10)
     path = base / "harbor.yaml"
     path.write_text(json.dumps(config))  # JSON is YAML; tasks is read from the file's folder
@@ -86,8 +97,14 @@ def test_train_grpo_on_harbor_trials_from_one_config(engine_and_gateway, pretrai
     assert [r["index"] for r in drawn] == [0, 1]
     assert [r["pushed"] for r in drawn] == [-1, 1]
     assert all(r["admitted_groups"] == 2 for r in drawn)  # both tasks' trials trained on
-    results = [json.loads(p.read_text()) for p in (run / "trials").glob("*/result.json")]
+    paths = list((run / "trials").glob("*/result.json"))
+    results = [json.loads(p.read_text()) for p in paths if not p.parent.name.endswith("-regrade")]
     assert len(results) >= 2 * 2 * 2  # batches x tasks x groups, one trial each
+    # every admitted trial was re-graded first, in agreement; counted in the records
+    regraded = [p for p in paths if p.parent.name.endswith("-regrade")]
+    assert len(results) >= len(regraded) >= drawn[-1]["regrade/regraded"] >= 2 * 2 * 2
+    assert drawn[-1]["regrade/agreed"] == drawn[-1]["regrade/regraded"]
+    assert drawn[-1]["regrade/rejected"] == drawn[-1]["regrade/failed"] == 0
     assert all(r["verifier_result"]["rewards"]["reward"] in (0.0, 1.0) for r in results)
     # every turn of every trial went to the engine through the gateway: two per trial
     assert len(engine.answers) - answers >= 2 * len(results)

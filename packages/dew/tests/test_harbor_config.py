@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from dew.cli import main
-from dew.recipes.harbor_config import GatewayConfig, HarborConfig, check_url
+from dew.recipes.harbor_config import GatewayConfig, HarborConfig, HarborRegradeConfig, check_url
 from dew.recipes.schema import ConfigError
 from dew.recipes.train_config import train_config
 
@@ -83,6 +83,18 @@ BAD = [
     ("source.args", "--x", "source.args: expected a list of strings, got '--x'"),
     ("source.ready_timeout", -1, "source.ready_timeout: expected a number > 0, got -1"),
     ("source.agnet", "x", "source.agnet: unknown key; did you mean 'agent'?"),
+    ("source.regrade", 3, "source.regrade: expected true, null or a mapping of re-grading keys, "
+     "got 3"),
+    ("source.regrade", {"tolerance": -1}, "source.regrade.tolerance: expected a finite number "
+     ">= 0, got -1"),
+    ("source.regrade", {"tasks": "nowhere"}, "source.regrade.tasks: expected a directory of "
+     "Harbor task directories, got 'nowhere' (no such directory)"),
+    ("source.regrade", {"verifier_env": {"A": 1}}, "source.regrade.verifier_env: expected a "
+     "mapping of names to strings, got {'A': 1}"),
+    ("source.regrade", {"args": "--x"}, "source.regrade.args: expected a list of strings"),
+    ("source.regrade", {"timeout": 0}, "source.regrade.timeout: expected a number > 0, got 0"),
+    ("source.regrade", {"tolerence": 0}, "source.regrade.tolerence: unknown key; did you mean "
+     "'tolerance'?"),
     ("rollout.mode", "sync", "rollout.mode: source.kind harbor runs trials while the trainer "
      "updates and needs mode async, got 'sync'"),
     ("rollout", DELETE, "rollout.mode: source.kind harbor runs trials while the trainer"),
@@ -106,6 +118,27 @@ def test_a_bad_harbor_config_is_one_line_naming_the_key(base, tmp_path, capsys, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"dew: error: {message}"), err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_regrade_key_reads_true_or_a_mapping(base, tmp_path):
+    assert train_config(base, "grpo").source.regrade is None
+    on = train_config(with_change(base, "source.regrade", True), "grpo").source.regrade
+    assert on == HarborRegradeConfig() and on.tolerance == 0.0 and on.tasks is None
+    mapping = {"tolerance": 0.5, "tasks": "tasks", "environment": "docker",
+               "verifier_env": {"K": "v"}, "args": ["--x"], "timeout": 30}  # fmt: skip
+    config = train_config(with_change(base, "source.regrade", mapping), "grpo")
+    assert config.source.regrade == HarborRegradeConfig(0.5, str(tmp_path / "tasks"), "docker",
+                                                        {"K": "v"}, ("--x",), 30.0)  # fmt: skip
+    assert config.as_dict()["source"]["regrade"]["verifier_env"] == {"K": "v"}
+
+
+def test_regrade_tasks_are_read_from_the_config_files_folder(base, tmp_path, monkeypatch):
+    from dew.cli import _file_config
+
+    path = tmp_path / "harbor.json"
+    path.write_text(json.dumps(with_change(base, "source.regrade", {"tasks": "tasks"})))
+    monkeypatch.chdir(tmp_path / "tasks")  # elsewhere
+    assert _file_config(str(path))["source"]["regrade"]["tasks"] == str(tmp_path / "tasks")
 
 
 def test_harbor_trains_with_grpo_only(base):

@@ -190,10 +190,13 @@ def _file_config(path: str) -> dict[str, Any]:
                 source[key] = file_arguments(source[key], base)
         if isinstance(source.get("regrade"), dict):  # its verifier's input files
             source["regrade"] = regrade_paths(source["regrade"], base)
-        tasks = source.get("tasks")
-        if isinstance(tasks, str) and not os.path.isabs(os.path.expanduser(tasks)):
-            if (base / tasks).is_dir():  # kind harbor: a directory of task directories
-                source["tasks"] = str(base / tasks)
+        for node in (source, source.get("regrade")):  # kind harbor: task directories
+            if not isinstance(node, dict):
+                continue
+            tasks = node.get("tasks")
+            if isinstance(tasks, str) and not os.path.isabs(os.path.expanduser(tasks)):
+                if (base / tasks).is_dir():
+                    node["tasks"] = str(base / tasks)
     return config
 
 

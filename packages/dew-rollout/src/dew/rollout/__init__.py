@@ -9,7 +9,8 @@ Servers (each a `RolloutServer`: `submit(prompt_ids, max_new_tokens, seed=) -> F
 
 Recording gateway: `Gateway` (an rllm-model-gateway's readiness, version stamp and a
 session's calls from its traces) and `SandboxProxy` (the path-restricted door sandboxes
-use to reach it); `HarborSource` runs each sample as one Harbor trial through them.
+use to reach it); `HarborSource` runs each sample as one Harbor trial through them
+(re-graded by Harbor when given a `HarborRegrade`).
 
 Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
 reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
@@ -34,6 +35,7 @@ from dew.rollout.errors import (
 )
 from dew.rollout.gateway import Gateway, GatewayError, GatewayNotReady
 from dew.rollout.harbor import HarborSource
+from dew.rollout.harbor_regrade import HarborRegrade
 from dew.rollout.launch import EngineExited, launch_engine
 from dew.rollout.native import NativeRolloutServer, ServerClosed
 from dew.rollout.nccl import NCCLPush
@@ -65,6 +67,7 @@ __all__ = [
     "Gateway",
     "GatewayError",
     "GatewayNotReady",
+    "HarborRegrade",
     "HarborSource",
     "MalformedResponse",
     "MalformedTrace",

@@ -25,12 +25,19 @@ gives the status, by Harbor's own error classes (`harbor/models/trial/error_poli
 
 A COMPLETED or AGENT_ERROR trial without a reward, or one whose traces are missing or
 malformed, is an INFRA_ERROR: nothing about it can be trained on. The session's traces
-are deleted from the gateway once read. `cancel` kills the trial's process group and the
-session comes back CANCELLED. Harbor 0.26.0 gives a trial no seed: its `TrialConfig`
-(`harbor/models/trial/config.py`) has no seed field and `harbor trial start` no seed
-option (a seed reaches only what an agent forwards to its own model calls, per agent).
+are deleted from the gateway once read. `cancel` kills the trial's process group (or its
+re-grade's) and the session comes back CANCELLED. Harbor 0.26.0 gives a trial no seed: its
+`TrialConfig` (`harbor/models/trial/config.py`) has no seed field and `harbor trial start`
+no seed option (a seed reaches only what an agent forwards to its own model calls, per agent).
 So `seed` is recorded in the session's detail only; a resubmitted trial does not replay
 the same tokens.
+
+With `regrade=HarborRegrade(...)` every trial that came back with a reward is re-graded by
+`harbor trial regrade` against its recorded artifacts in a separate verifier environment;
+a clean reward that disagrees, or a regrade that fails, makes the session INFRA_ERROR
+(`regrade rejected: ...`, `regrade failed: ...`), so the scheduler never trains it, and
+`metrics()` counts `regrade/regraded`, `agreed`, `rejected` and `failed` for each
+scheduler record (`dew.rollout.harbor_regrade` says what Harbor needs from the task).
 
 Before the first trial `Gateway.ready(ready_timeout)` must pass; its failure raises from
 that submission's future (the gateway is broken, not one trial).
@@ -38,10 +45,9 @@ that submission's future (the gateway is broken, not one trial).
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
 import os
-import subprocess
 import threading
 import urllib.parse
 import uuid
@@ -50,23 +56,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from dew import processes
 from dew.rollout.errors import EngineError
 from dew.rollout.gateway import Gateway
+from dew.rollout.harbor_regrade import HarborRegrade, HarborRegrader, Recorded, RegradeCancelled
+from dew.rollout.harbor_trial import AGENT_ERRORS, TRUNCATIONS, Trial, reward_of, status_of
+from dew.rollout.sources.regrade import COUNTS, Regrade
 from dew.sessions.records import Call, Session, Status, Task
-
-TRUNCATIONS = frozenset(
-    {
-        "AgentTimeoutError",
-        "ContextLengthExceededError",
-        "ContextWindowExceededError",
-        "OutputLengthExceededError",
-        "OutputTokenExceededError",
-    }
-)
-AGENT_ERRORS = frozenset(
-    {"NonZeroAgentExitCodeError", "AgentSafetyRefusalError", "ContentPolicyViolationError"}
-)
 
 
 def task_directory(task: Task, tasks: Mapping[Any, Any] | None = None) -> Path:
@@ -91,51 +86,6 @@ def task_directory(task: Task, tasks: Mapping[Any, Any] | None = None) -> Path:
     return path
 
 
-def reward_of(result: Mapping[str, Any]) -> tuple[float | None, dict[str, float], str]:
-    """(reward, components, problem) from a TrialResult's `verifier_result`."""
-    verifier = result.get("verifier_result")
-    rewards = verifier.get("rewards") if isinstance(verifier, Mapping) else None
-    if not rewards:
-        return None, {}, "the verifier gave no reward"
-    if not isinstance(rewards, Mapping):
-        return None, {}, f"verifier_result.rewards: expected a mapping, got {rewards!r:.100}"
-    components: dict[str, float] = {}
-    for name, value in rewards.items():
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return None, {}, f"verifier_result.rewards[{name!r}]: expected a number, got {value!r}"
-        if not math.isfinite(value):
-            return None, {}, f"verifier_result.rewards[{name!r}]: expected finite, got {value}"
-        components[str(name)] = float(value)
-    if "reward" in components:
-        return components["reward"], components, ""
-    if len(components) == 1:
-        return next(iter(components.values())), components, ""
-    names = ", ".join(sorted(components))
-    return None, components, f"verifier_result.rewards: no 'reward' among several ({names})"
-
-
-def status_of(result: Mapping[str, Any]) -> tuple[Status, float | None, dict[str, float], str]:
-    """(status, reward, components, detail) for one TrialResult."""
-    reward, components, problem = reward_of(result)
-    info = result.get("exception_info")
-    kind = info.get("exception_type") if isinstance(info, Mapping) else None
-    message = str(info.get("exception_message", ""))[:300] if isinstance(info, Mapping) else ""
-    if info is not None and not isinstance(kind, str):
-        return Status.INFRA_ERROR, None, {}, f"exception_info without a type: {info!r:.200}"
-    if kind is None:
-        if reward is None:
-            return Status.INFRA_ERROR, None, {}, problem
-        return Status.COMPLETED, reward, components, ""
-    detail = f"{kind}: {message}".rstrip(": ")
-    if kind in TRUNCATIONS:
-        return Status.TRUNCATED, reward, components if reward is not None else {}, detail
-    if kind in AGENT_ERRORS:
-        if reward is None:
-            return Status.INFRA_ERROR, None, {}, f"{detail}; {problem}"
-        return Status.AGENT_ERROR, reward, components, detail
-    return Status.INFRA_ERROR, None, {}, detail
-
-
 class HarborSource:
     """Runs each sample as one Harbor trial whose agent reaches the policy through `gateway`.
 
@@ -151,6 +101,9 @@ class HarborSource:
     ready_timeout: how long the first submission waits for `gateway.ready`.
     tasks: task id -> Harbor task directory (for integer `task_id` datasets); without it
       each `Task.data` names its directory.
+    regrade: a `HarborRegrade` to re-grade every trial with a reward by `harbor trial
+      regrade` in a separate verifier environment (`dew.rollout.harbor_regrade`; the task
+      must declare a separate-mode verifier); None: trials are not re-graded.
     """
 
     def __init__(
@@ -167,6 +120,7 @@ class HarborSource:
         ready_timeout: float = 600.0,
         env: Mapping[str, str] | None = None,
         tasks: Mapping[Any, Any] | None = None,
+        regrade: HarborRegrade | None = None,
     ) -> None:
         if not isinstance(gateway, Gateway):
             raise TypeError(f"gateway: expected a dew.rollout.Gateway, got {type(gateway)}")
@@ -187,16 +141,22 @@ class HarborSource:
         self.ready_timeout = ready_timeout
         self.env = dict(env or {})
         self.tasks = dict(tasks) if tasks is not None else None
+        if regrade is not None and not isinstance(regrade, HarborRegrade):
+            raise TypeError(f"regrade: expected a HarborRegrade or None, got {regrade!r}")
+        self.regrade: Regrade | None = None
+        if regrade is not None:
+            regrader = HarborRegrader(regrade, self.command, self.trials, self.env)
+            self.regrade = Regrade(regrader, regrade.tolerance)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="dew-harbor")
         self._lock = threading.Lock()
         self._ready = False
         self._ready_lock = threading.Lock()
-        self._running: dict[Future[Session], _Trial] = {}
+        self._running: dict[Future[Session], Trial] = {}
 
     def submit(self, task: Task, *, seed: int) -> Future[Session]:
         """Start one trial of `task` (its `data` names the Harbor task directory)."""
         directory = task_directory(task, self.tasks)
-        trial = _Trial(f"dew-{uuid.uuid4().hex[:20]}", task, directory, int(seed))
+        trial = Trial(f"dew-{uuid.uuid4().hex[:20]}", task, directory, int(seed))
         future = self._pool.submit(self._run, trial)
         with self._lock:
             self._running[future] = trial
@@ -216,7 +176,7 @@ class HarborSource:
             return
         trial.stop()
 
-    def _ensure_ready(self, trial: _Trial) -> None:
+    def _ensure_ready(self, trial: Trial) -> None:
         # its own lock: submit and cancel must not wait on a slow gateway
         with self._ready_lock:
             if self._ready or trial.cancelled:
@@ -240,7 +200,7 @@ class HarborSource:
             "--allow-agent-host", sandbox_host, *self.args,
         ]  # fmt: skip
 
-    def _run(self, trial: _Trial) -> Session:
+    def _run(self, trial: Trial) -> Session:
         self._ensure_ready(trial)
         log = self.trials / f"{trial.session}.log"
         trial.start(self.argv(trial.session, trial.directory), log, self.env)
@@ -280,7 +240,7 @@ class HarborSource:
                 status, reward, components = Status.INFRA_ERROR, None, {}
                 why = "the gateway recorded no call for this session"
         self._drop(trial.session)
-        return Session(
+        session = Session(
             task=trial.task.id,
             calls=calls if status is not Status.INFRA_ERROR else (),
             status=status,
@@ -288,6 +248,38 @@ class HarborSource:
             components=components,
             detail=f"{why}; {detail}" if why else detail,
         )
+        return self._regraded(trial, session, result)
+
+    def _regraded(self, trial: Trial, session: Session, result: Mapping[str, Any]) -> Session:
+        """`session` as re-grading settles it (unchanged without `regrade` or a reward)."""
+        if self.regrade is None or session.reward is None:
+            return session
+        info = result.get("exception_info")
+        kind = info.get("exception_type") if isinstance(info, Mapping) else None
+        recorded = Recorded(trial, kind)
+        where = f"seed {trial.seed}; session {trial.session}"
+        try:
+            artifact = self.regrade.collect(trial.task, recorded)
+            settled = self.regrade.settle(trial.task, session, artifact)
+        except RegradeCancelled:
+            return Session(task=trial.task.id, status=Status.CANCELLED,
+                           detail=f"cancelled while re-graded; {where}")  # fmt: skip
+        if settled is session:
+            return session
+        return dataclasses.replace(settled, detail=f"{settled.detail}; {where}")
+
+    @property
+    def regrade_counts(self) -> dict[str, int]:
+        """What re-grading decided so far: `regraded`, `agreed`, `rejected` (the clean
+        reward disagreed) and `failed` (no clean reward); all zero without `regrade`."""
+        return dict.fromkeys(COUNTS, 0) if self.regrade is None else self.regrade.counts
+
+    def metrics(self) -> dict[str, float]:
+        """`regrade_counts` as `regrade/<name>` numbers (empty without `regrade`); a
+        `RolloutScheduler` joins them to each batch's record."""
+        if self.regrade is None:
+            return {}
+        return {f"regrade/{name}": float(n) for name, n in self.regrade_counts.items()}
 
     def _drop(self, session: str) -> None:
         try:
@@ -310,41 +302,5 @@ class HarborSource:
         self.close()
 
 
-class _Trial:
-    """One `harbor trial start` process and its cancellation state."""
-
-    def __init__(self, session: str, task: Task, directory: Path, seed: int) -> None:
-        self.session = session
-        self.task = task
-        self.directory = directory
-        self.seed = seed
-        self.cancelled = False
-        self._process: subprocess.Popen[bytes] | None = None
-        self._lock = threading.Lock()
-
-    def start(self, argv: list[str], log: Path, env: Mapping[str, str]) -> None:
-        with self._lock:
-            if self.cancelled:
-                return
-            self._process = processes.start(argv, env={**os.environ, **env}, log=log)
-
-    def wait(self, timeout: float | None) -> int | None:
-        """The exit code, or None when the trial ran past `timeout` and was killed."""
-        process = self._process
-        if process is None:
-            return -1
-        try:
-            return process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            return None
-
-    def stop(self) -> None:
-        with self._lock:
-            self.cancelled = True
-        self._kill()
-
-    def _kill(self) -> None:
-        process = self._process
-        if process is not None:
-            processes.stop(process, grace=10)
+__all__ = ["AGENT_ERRORS", "TRUNCATIONS", "HarborRegrade", "HarborSource", "reward_of",
+           "status_of", "task_directory"]  # fmt: skip

@@ -14,7 +14,9 @@ builds, each closed through ``stack``:
   client whose agents' base URLs go through it;
 - ``Publication(reload, stamp=gateway.stamp)``: a version is stamped on the gateway only
   after the engine serves it;
-- a ``HarborSource`` (one ``harbor trial start`` per sample, trials under ``trials``);
+- a ``HarborSource`` (one ``harbor trial start`` per sample, trials under ``trials``),
+  re-grading each trial with a reward by ``harbor trial regrade`` when ``source.regrade``
+  is set (``HarborRegrade``; its counts join each record as ``regrade/*``);
 - a ``RolloutScheduler`` over task ids, with the section's schedule, its journal in
   ``RUN_DIR/rollout-journal`` and one JSON line per training batch in
   ``RUN_DIR/rollout.jsonl`` (as ``dew.rollout.recipe``).
@@ -23,6 +25,7 @@ builds, each closed through ``stack``:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +36,7 @@ from dew.recipes.schema import ConfigError
 from dew.rollout.engines import check_directory, served_name, served_policy
 from dew.rollout.gateway import Gateway, GatewayError
 from dew.rollout.harbor import HarborSource
+from dew.rollout.harbor_regrade import HarborRegrade
 from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
 from dew.rollout.recipe import JOURNAL, _records, schedule_ahead
@@ -96,11 +100,14 @@ def build_harbor_scheduler(
     gateway = Gateway(source.gateway.url, sandbox_url=proxy.url, timeout=source.gateway.timeout)
     stack.callback(gateway.close)
     publication = _publication(model, params, rollout.engine, gateway, stack)
+    regrade = None
+    if source.regrade is not None:
+        regrade = HarborRegrade(**dataclasses.asdict(source.regrade))
     harbor = HarborSource(
         gateway, harbor=list(source.harbor), model=source.model, trials=trials,
         agent=source.agent, args=list(source.args), workers=source.workers,
         timeout=source.timeout, ready_timeout=source.ready_timeout, env=source.env,
-        tasks={int(k): os.fspath(v) for k, v in tasks.items()},
+        tasks={int(k): os.fspath(v) for k, v in tasks.items()}, regrade=regrade,
     )  # fmt: skip
     stack.callback(harbor.close)
     log = _records(run_dir, stack)

@@ -21,6 +21,15 @@ learns from the calls the gateway recorded::
       timeout: null              # seconds before a trial is killed (null: no limit)
       width: 4096                # packed row width W (objective seq_len W - 1)
       chains: 2                  # rows one trial may take (its calls split into chains)
+      regrade: null              # or true, or a mapping: re-grade each trial with a reward
+
+``regrade`` (``true`` for the defaults, or a mapping of ``tolerance``, ``tasks``,
+``environment``, ``verifier_env``, ``args``, ``timeout``; ``HarborRegradeConfig``) re-grades
+every trial that has a reward with ``harbor trial regrade`` in a separate verifier
+environment that holds only the trial's recorded artifacts; a clean reward further than
+``tolerance`` from the trial's, or a regrade that fails, drops the sample before admission.
+The task that ``-p`` names (each trial's own, or the same-named one under ``regrade.tasks``)
+must declare ``[verifier] environment_mode = "separate"`` (``dew.rollout.harbor_regrade``).
 
 Task ``i`` is the ``i``-th task directory of ``tasks`` in name order; batches draw task ids
 ``0..T-1``, each epoch its own permutation by ``run.seed``. The run needs
@@ -37,6 +46,7 @@ returns a ``HarborConfig``; every error is one line naming its key.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import urllib.parse
 from collections.abc import Mapping
@@ -111,6 +121,63 @@ class GatewayConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class HarborRegradeConfig:
+    """``source.regrade``: how each trial with a reward is re-graded (module docstring).
+
+    ``tolerance``: the largest reward difference that agrees; ``tasks``: a task directory or
+    a directory of them whose verifiers re-grade (null: each trial's own task; stored
+    absolute); ``environment``: Harbor's ``-e`` for the verifier environment;
+    ``verifier_env``: ``--ve`` variables; ``args``: further ``harbor trial regrade``
+    options; ``timeout``: seconds before a regrade is killed (null: no limit).
+    """
+
+    tolerance: float = 0.0
+    tasks: str | None = None
+    environment: str | None = None
+    verifier_env: Any = dataclasses.field(default_factory=dict)
+    args: Any = ()
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        where = "source.regrade"
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
+            raise ConfigError(f"{where}.tolerance: expected a finite number >= 0, got "
+                              f"{self.tolerance!r}")  # fmt: skip
+        if self.tasks is not None:
+            path = os.path.abspath(os.path.expanduser(self.tasks))
+            if not os.path.isfile(os.path.join(path, "task.toml")):
+                task_directories(self.tasks, f"{where}.tasks")
+            object.__setattr__(self, "tasks", path)
+        if self.environment == "":
+            raise ConfigError(f"{where}.environment: expected Harbor's environment type, got ''")
+        if not isinstance(self.verifier_env, Mapping) or not all(
+            isinstance(k, str) and k and "=" not in k and isinstance(v, str)
+            for k, v in self.verifier_env.items()
+        ):
+            raise ConfigError(f"{where}.verifier_env: expected a mapping of names to strings, "
+                              f"got {self.verifier_env!r}")  # fmt: skip
+        object.__setattr__(self, "verifier_env", dict(self.verifier_env))
+        if not isinstance(self.args, list | tuple) or not all(
+            isinstance(a, str) for a in self.args
+        ):
+            raise ConfigError(f"{where}.args: expected a list of strings, got {self.args!r}")
+        object.__setattr__(self, "args", tuple(self.args))
+        positive(self.timeout, f"{where}.timeout")
+
+
+def _regrade(value: Any) -> HarborRegradeConfig | None:
+    """``source.regrade``: null or false (off), true (the defaults) or a mapping of keys."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return HarborRegradeConfig()
+    if isinstance(value, Mapping | HarborRegradeConfig):
+        return section(HarborRegradeConfig, value, "source.regrade")
+    raise ConfigError(f"source.regrade: expected true, null or a mapping of re-grading keys, "
+                      f"got {value!r}")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
 class HarborConfig:
     """A checked ``source`` section of kind ``harbor`` (see the module docstring).
 
@@ -133,6 +200,7 @@ class HarborConfig:
     timeout: float | None = None
     width: int = 4096
     chains: int = 2
+    regrade: Any = None
 
     def __post_init__(self) -> None:
         from dew.recipes.source_config import resolve_command
@@ -167,6 +235,7 @@ class HarborConfig:
             _count(getattr(self, key), f"source.{key}")
         if not is_int(self.width) or self.width < 2:
             raise ConfigError(f"source.width: expected an integer >= 2, got {self.width!r}")
+        object.__setattr__(self, "regrade", _regrade(self.regrade))
 
 
 def harbor_section(mapping: Mapping[str, Any], kind: str) -> HarborConfig:
@@ -220,5 +289,5 @@ def _check_rest(mapping: Mapping[str, Any]) -> None:
                           f"reload, got {engine.get('publish')!r}")  # fmt: skip
 
 
-__all__ = ["GATEWAY_ENGINES", "GatewayConfig", "HarborConfig", "check_url", "harbor_section",
-           "task_directories"]  # fmt: skip
+__all__ = ["GATEWAY_ENGINES", "GatewayConfig", "HarborConfig", "HarborRegradeConfig", "check_url",
+           "harbor_section", "task_directories"]  # fmt: skip
