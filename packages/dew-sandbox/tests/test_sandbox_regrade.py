@@ -15,6 +15,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import time
 from concurrent.futures import Future
 
 import numpy as np
@@ -210,15 +211,72 @@ def test_refusals(fleet: SandboxFleet) -> None:
         Regrade(Broken(), tolerance=-1.0)
 
 
+#: A clean verifier that says where it runs (its pid, written whole) and then takes 30 s.
+SLEEPER = """import os, sys, time
+open(sys.argv[1] + ".part", "w").write(str(os.getpid()))
+os.rename(sys.argv[1] + ".part", sys.argv[1])
+time.sleep(30)
+print(1.0)
+"""
+
+
+def alive(pid: int) -> bool:
+    """A live process ``pid`` (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_cancel_during_a_regrade_kills_the_verifier_at_once(fleet, request) -> None:
+    folder = pathlib.Path(tempfile.mkdtemp(prefix="dew-regrade-pid-"))  # any uid may write
+    folder.chmod(0o777)
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    pidfile = folder / "pid"
+    run = source(SandboxRegrader(fleet, ["python3", "-c", SLEEPER, str(pidfile)], ["answer.txt"]))
+    try:
+        future = run.submit(Task(3), seed=3)
+        deadline = time.monotonic() + 30
+        while not pidfile.exists():  # the episode ended and its re-grade is running
+            assert time.monotonic() < deadline and not future.done()
+            time.sleep(0.02)
+        pid = int(pidfile.read_text())
+        assert alive(pid)
+        start = time.monotonic()
+        run.cancel(future)
+        session = future.result(timeout=5)
+        took = time.monotonic() - start
+    finally:
+        run.close()
+    assert session.status is Status.CANCELLED and session.reward is None
+    assert took < 2.0, took
+    assert not alive(pid)  # killed and reaped, not waited out
+    assert run.regrade_counts == {"regraded": 0, "agreed": 0, "rejected": 0, "failed": 0}
+
+
+def test_a_cancelled_fleet_run_raises_and_refuses_a_bad_flag(fleet: SandboxFleet) -> None:
+    import threading
+
+    from dew.sandbox.launcher import SandboxCancelled
+    from dew.sandbox.program import Program
+
+    flag = threading.Event()
+    flag.set()
+    with pytest.raises(SandboxCancelled):
+        fleet.run([Program({}, ["python3", "-c", "import time; time.sleep(30)"])], cancel=flag)
+    with pytest.raises(TypeError, match="SandboxFleet.run: cancel: expected None or an object"):
+        fleet.run([], cancel=3)
+
+
 # ---------------------------------------------------------------- the config key
 
 
 @pytest.mark.parametrize(
     ("rollout", "regrade", "expected"),
     [
-        (None, {"command": ["python3", "v.py"], "files": ["answer.txt"]},
-         "source.regrade: re-grading runs in dew-rollout's scheduler, expected rollout.mode "
-         "async, got 'sync'"),
+        (None, {"command": ["python3", "v.py"], "files": []},  # sync checks the keys too
+         "source.regrade.files: expected a nonempty list"),
         ("async", 3, "source.regrade: expected a mapping, got 3"),
         ("async", {"files": ["answer.txt"]},
          "source.regrade.command: expected a nonempty list of strings (an argv), got None"),

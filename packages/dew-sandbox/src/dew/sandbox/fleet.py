@@ -11,19 +11,20 @@ from types import TracebackType
 from dew.sandbox.limits import SandboxLimits
 from dew.sandbox.outcome import Outcome
 from dew.sandbox.program import Program
-from dew.sandbox.runner import Runner
+from dew.sandbox.runner import CancelFlag, Runner
 
 __all__ = ["SandboxFleet"]
 
 
 class _Either:
-    """Set when either event is set (the fleet closing, or one ``run`` call giving up)."""
+    """Set when any flag is set (the fleet closing, one ``run`` call giving up, or the
+    caller's own cancel)."""
 
-    def __init__(self, a: threading.Event, b: threading.Event) -> None:
-        self._a, self._b = a, b
+    def __init__(self, *flags: CancelFlag | None) -> None:
+        self._flags = [flag for flag in flags if flag is not None]
 
     def is_set(self) -> bool:
-        return self._a.is_set() or self._b.is_set()
+        return any(flag.is_set() for flag in self._flags)
 
 
 class SandboxFleet:
@@ -33,8 +34,11 @@ class SandboxFleet:
     called from several threads at once. If the calling thread is interrupted while it
     waits (KeyboardInterrupt, an asynchronous exception), its programs that have not
     started are dropped and the running ones are killed and cleaned up before the
-    exception propagates. ``close`` (or leaving a ``with`` block) does the same for every
-    call and then closes the runner, so no process, container or job directory is left.
+    exception propagates. ``run(programs, cancel=flag)`` does the same once ``flag`` (anything
+    with ``is_set()``, polled while the programs run) is set, and raises the runner's
+    :class:`~dew.sandbox.launcher.SandboxCancelled`. ``close`` (or leaving a ``with`` block)
+    does the same for every call and then closes the runner, so no process, container or
+    job directory is left.
 
     Args:
         runner: a :class:`~dew.sandbox.ProcessRunner`, :class:`~dew.sandbox.ContainerRunner`
@@ -63,8 +67,9 @@ class SandboxFleet:
         self._lock = threading.Lock()
         self._closed = False
 
-    def run(self, programs: Iterable[Program]) -> list[Outcome]:
-        """Run every program; the outcomes come back in the programs' order."""
+    def run(self, programs: Iterable[Program], cancel: CancelFlag | None = None) -> list[Outcome]:
+        """Run every program; the outcomes come back in the programs' order. Once ``cancel``
+        is set, the programs are stopped and ``SandboxCancelled`` is raised."""
         programs = list(programs)
         for i, program in enumerate(programs):
             if not isinstance(program, Program):
@@ -72,13 +77,16 @@ class SandboxFleet:
                     f"SandboxFleet.run: programs[{i}]: expected Program, got "
                     f"{type(program).__name__}"
                 )
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise TypeError(f"SandboxFleet.run: cancel: expected None or an object with "
+                            f"is_set(), got {type(cancel).__name__}")  # fmt: skip
         given_up = threading.Event()
-        cancel = _Either(self._closing, given_up)
+        stop = _Either(self._closing, given_up, cancel)
         with self._lock:
             if self._closed:
                 raise RuntimeError("SandboxFleet.run: the fleet is closed")
             futures = [
-                self._pool.submit(self.runner.run, program, self.limits, cancel)
+                self._pool.submit(self.runner.run, program, self.limits, stop)
                 for program in programs
             ]
         try:

@@ -22,9 +22,14 @@ worker's directory travels. The program reads ``{"task": <task id>}`` as JSON on
 prints its reward as the last line of stdout. A program that does not complete, or whose
 last line is no finite number, raises ``RegradeError``.
 
+``grade(task, artifact, cancel=flag)`` stops the verifier once ``flag.is_set()``: the fleet
+kills its process group (and any process carrying its job marker) and raises
+``SandboxCancelled``.
+
 The regrader knows tasks only by shape (``task.id``), so this module needs neither dew nor
-JAX; ``dew.rollout``'s ``EnvironmentSource(regrade=)`` calls it and drops the sample when the
-two rewards disagree.
+JAX; ``dew.sessions.regrade.Regrade`` wraps it for ``dew.rollout``'s
+``EnvironmentSource(regrade=)`` and the trainer's ``EpisodeRollout(regrade=)``, which drop
+the sample when the two rewards disagree.
 """
 
 from __future__ import annotations
@@ -154,14 +159,17 @@ class SandboxRegrader:
         ident = ident if isinstance(ident, int | str) and not isinstance(ident, bool) else None
         return Program(files, self.argv, stdin=json.dumps({"task": ident}))
 
-    def grade(self, task: Any, artifact: Mapping[str, bytes]) -> float:
-        """The reward the clean verifier prints for ``artifact``.
+    def grade(self, task: Any, artifact: Mapping[str, bytes], cancel: Any = None) -> float:
+        """The reward the clean verifier prints for ``artifact``. Once ``cancel`` (anything
+        with ``is_set()``) is set, the verifier's processes are killed and its job directory
+        removed within a poll (about 50 ms).
 
         Raises:
           RegradeError: the verifier did not complete, or its last stdout line is no finite
             number.
+          SandboxCancelled: ``cancel`` stopped the verifier.
         """
-        (outcome,) = self.fleet.run([self.program(task, artifact)])
+        (outcome,) = self.fleet.run([self.program(task, artifact)], cancel=cancel)
         if outcome.verdict is not Verdict.COMPLETED:
             tail = outcome.stderr[-_TAIL:].decode("utf-8", "replace").strip()
             raise RegradeError(f"clean verifier: expected it to complete, got "

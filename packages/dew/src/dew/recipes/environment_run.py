@@ -24,6 +24,12 @@ runs the episodes on its engine one batch ahead of the update; ``EpisodeLog.batc
 writes ``episodes.jsonl`` (with each episode's ``version`` and ``lag``), and the scheduler's
 ``RUN_DIR/rollout-journal`` replaces the episode journal (``source.journal`` is not read).
 
+With ``source.regrade`` episodes are scored again in a clean sandbox
+(``dew.recipes.episode_regrade``): every rewarded session by the scheduler with
+``rollout.mode: async`` (a rejected sample is drawn again), every completed episode by the
+``EpisodeRollout`` with ``sync`` (a rejected episode becomes ``error``, masked from the
+update); the counts ``regrade/*`` reach each log record.
+
 The verifier ``outcome`` (``outcome_reward``) reads the worker's verdict: the ``detail`` of a
 completed episode as a finite number. Episodes that did not complete (cut at a budget, an
 error) are masked from the loss and the baseline whatever they score, and get 0.
@@ -160,7 +166,7 @@ def episode_source(source: SourceConfig, where: str = "source") -> tuple[Any, An
     else:
         on_path()
         verifier = make_reward(source.verifier, f"{where}.verifier")
-    if source.regrade is not None:  # scored again in a clean sandbox (rollout.mode async)
+    if source.regrade is not None:  # scored again in a clean sandbox
         from dew.recipes.episode_regrade import regraded
 
         verifier = regraded(verifier, source.regrade, f"{where}.regrade")
@@ -250,7 +256,8 @@ def episode_parts(
                               source.max_prompt_tokens, new, source.max_turns,
                               options.get("groups", 4), sampling,
                               estimator=options.get("estimator", "group"), record=log,
-                              progress=progress)  # fmt: skip
+                              progress=progress, regrade=None if asynchronous else
+                              getattr(verifier, "regrade", None))  # fmt: skip
     rollout: Any = episodes
     if kind == "ppo":
         from dew.objectives.rl import PPORollout

@@ -1,10 +1,11 @@
-"""``source.regrade``: tool episodes scored again in a clean sandbox (``rollout.mode: async``).
+"""``source.regrade``: tool episodes scored again in a clean sandbox (either rollout mode).
 
 ``regraded(verifier, section, where)`` checks the section through ``dew-sandbox``'s
 ``sandbox_regrader`` entry point (``dew`` never imports ``dew.sandbox``) and returns a
 ``RegradedVerifier``: the same verifier, carrying in ``regrade`` the regrader that
-``dew-rollout``'s ``EnvironmentSource`` takes (``collect(task, environment)``,
-``grade(task, artifact)``; see ``dew.rollout.sources.regrade``). Its sandbox fleet starts
+``dew-rollout``'s ``EnvironmentSource`` (``rollout.mode: async``) and the trainer's own
+``EpisodeRollout`` (``sync``) take (``collect(task, environment)``,
+``grade(task, artifact, cancel=None)``; see ``dew.sessions.regrade``). Its sandbox fleet starts
 only when ``open(stack)`` is called, once the run directory is settled, and closes with that
 stack; a regrader used before then raises, which fails the session (never trains it).
 """
@@ -48,8 +49,10 @@ class RegradedVerifier:
     def collect(self, task: Any, environment: Any) -> Any:
         return self._regrader().collect(task, environment)
 
-    def grade(self, task: Any, artifact: Any) -> float:
-        return float(self._regrader().grade(task, artifact))
+    def grade(self, task: Any, artifact: Any, cancel: Any = None) -> float:
+        if cancel is None:
+            return float(self._regrader().grade(task, artifact))
+        return float(self._regrader().grade(task, artifact, cancel=cancel))
 
 
 def regraded(

@@ -15,7 +15,7 @@ episodes against a worker process that speaks ``dew-sandbox``'s JSON-lines proto
       max_prompt_tokens: 64     # the longest context a turn may read (P)
       verifier: outcome         # or module:object, a function of an Episode
       journal: true             # RUN_DIR/journal: a killed run resumes its step exactly
-      regrade:                  # optional, rollout.mode async only: score each episode again
+      regrade:                  # optional: score each rewarded episode again
         command: [python3, verify.py]        # in a clean sandbox (dew-sandbox's keys:
         files: [answer.txt]                  # files, inputs, runner, workers, limits, ...)
         inputs: {verify.py: verify.py}
@@ -31,11 +31,12 @@ function (or a class made with no arguments) taking a ``dew.rollouts.episodes.Ep
 
 ``regrade`` re-runs a verifier program on each rewarded episode's final artifact (the
 ``files`` of the worker's directory when the episode ends) in a fresh ``SandboxFleet`` job
-directory that holds only those files and the ``inputs``; a sample whose clean reward
-differs is dropped before admission (``dew.rollout.sources.regrade``). Its keys are checked
-by ``dew-sandbox``'s ``sandbox_regrader`` (``dew.sandbox.regrade_recipe``); ``inputs`` paths
-are read relative to the config file's directory. It runs in ``dew-rollout``'s scheduler, so
-it needs ``rollout.mode: async``.
+directory that holds only those files and the ``inputs``; an episode whose clean reward
+differs never trains (``dew.sessions.regrade``): with ``rollout.mode: async`` the scheduler
+draws its sample again, with ``sync`` it becomes an ``error`` episode whose rows are masked.
+Its keys are checked by ``dew-sandbox``'s ``sandbox_regrader``
+(``dew.sandbox.regrade_recipe``); ``inputs`` paths are read relative to the config file's
+directory.
 
 ``dew train ppo`` takes the same section: its episodes are wrapped in a ``PPORollout``
 (``objective.gamma``, ``objective.lam``; a critic in the checkpoint).
@@ -211,12 +212,6 @@ def source_section(
             f"or 'dew train ppo', not 'dew train {kind}'"  # fmt: skip
         raise ConfigError(f"source.kind: environment episodes train with {command}")
     _check_rest(mapping, stage)
-    if config.regrade is not None:
-        rollout = mapping.get("rollout")
-        mode = rollout.get("mode", "sync") if isinstance(rollout, Mapping) else "sync"
-        if mode != "async":
-            raise ConfigError("source.regrade: re-grading runs in dew-rollout's scheduler, "
-                              f"expected rollout.mode async, got {mode!r}")  # fmt: skip
     return config
 
 

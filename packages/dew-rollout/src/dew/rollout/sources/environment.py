@@ -27,9 +27,11 @@ value and a failed exit all make the session INFRA_ERROR (reason in ``detail``).
 
 ``cancel(future)`` stops a session at its next turn boundary or in the middle of a draw (the
 draw is dropped from the server when it can be); the environment exits under a
-``CancelledError`` and the session resolves CANCELLED. A thread stuck inside
-``environment.step`` is only reached when that step returns, so environments bound their own
-step time.
+``CancelledError`` and the session resolves CANCELLED. A session cancelled while it is
+re-graded hands the cancel to the regrader (``grade(..., cancel=)``: a ``SandboxRegrader``
+kills its verifier program at once) and resolves CANCELLED; nothing is counted. A thread
+stuck inside ``environment.step`` is only reached when that step returns, so environments
+bound their own step time.
 """
 
 from __future__ import annotations
@@ -91,6 +93,10 @@ class _Run:
         if self.stop.done():
             raise _Stopped()
 
+    def is_set(self) -> bool:
+        """Cancelled (a regrader's ``cancel`` flag)."""
+        return self.stop.done()
+
 
 class EnvironmentSource:
     """Run tool episodes against ``server``, one session per sample on a worker thread.
@@ -146,9 +152,7 @@ class EnvironmentSource:
     def metrics(self) -> dict[str, float]:
         """``regrade_counts`` as ``regrade/<name>`` numbers (empty without ``regrade``); a
         ``RolloutScheduler`` joins them to each batch's record."""
-        if self.regrade is None:
-            return {}
-        return {f"regrade/{name}": float(n) for name, n in self.regrade_counts.items()}
+        return {} if self.regrade is None else self.regrade.metrics()
 
     def submit(self, task: Task, *, seed: int) -> Future[Session]:
         """Queue one session of ``task`` seeded by ``seed``; the future resolves to it."""
@@ -263,13 +267,14 @@ class EnvironmentSource:
             self._exit(manager, err)
             return infra(f"environment failed: {type(err).__name__}: {err}")
 
-        return self._close(task, manager, env, episode(status, detail), tuple(calls))
+        return self._close(run, manager, env, episode(status, detail), tuple(calls))
 
     def _close(
-        self, task: Task, manager: Any, env: Any, episode: Episode, calls: tuple[Call, ...]
+        self, run: _Run, manager: Any, env: Any, episode: Episode, calls: tuple[Call, ...]
     ) -> Session:
         """Score a finished ``episode`` while its environment is open (collecting the
-        regrader's artifact), exit the environment, then re-grade."""
+        regrader's artifact), exit the environment, then re-grade (a cancel stops it)."""
+        task = run.task
         reward, artifact, failure = None, None, None
         if episode.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED):
             try:
@@ -296,7 +301,10 @@ class EnvironmentSource:
             return session
         if failure is not None:
             return self.regrade.failed(session, failure)
-        return self.regrade.settle(task, session, artifact)
+        try:
+            return self.regrade.settle(task, session, artifact, cancel=run)
+        except CancelledError:
+            return ended(task, Status.CANCELLED, "cancelled by the scheduler", calls)
 
     @staticmethod
     def _exit(manager: Any, error: BaseException) -> None:

@@ -2,8 +2,9 @@
 
 ``draw_slots`` opens the ``[B * G]`` slots of one collection with their seeds, ``recover``
 restores them from the journal, ``prepare_action`` turns one live slot's generation into the
-action of its turn and ``abort_collection`` releases every open environment after a failure
-and raises the episode error. The rollout itself (``rollout.py``) keeps the loop, the
+action of its turn, ``finish_slot`` scores (and re-grades) an ended episode and releases it,
+and ``abort_collection`` releases every open environment after a failure and raises the
+episode error. The rollout itself (``rollout.py``) keeps the loop, the
 environment threads and the packing.
 """
 
@@ -36,6 +37,7 @@ from dew.rollouts.episodes.protocol import (
     EpisodeStatus,
     Record,
     Transition,
+    Verifier,
 )
 from dew.rollouts.episodes.slot import Slot
 from dew.rollouts.episodes.validation import check_action
@@ -124,6 +126,37 @@ def prepare_action(
     return None
 
 
+def finish_slot(slot: Slot, verifier: Verifier, record: Record | None, regrade: Any) -> None:
+    """End ``slot``'s episode and hand it to ``record``: a journal's recorded ending is kept
+    as it was; otherwise the verifier scores it while its environment is open, a completed
+    episode's artifact is collected for ``regrade`` (a ``dew.sessions.regrade.Regrade`` or
+    None), the environment is released, the episode re-graded (a disagreeing or failed
+    re-grade makes it ERROR with no reward: masked, out of its group's baseline) and its
+    ending committed to the journal.
+
+    Raises:
+      EpisodeCancelled: the environment answered CANCELLED.
+    """
+    if slot.ending is not None:  # finished and scored before a crash: keep its record
+        slot.status, slot.detail, slot.reward = slot.ending
+        slot.release()
+    else:
+        if slot.status is EpisodeStatus.CANCELLED:
+            raise EpisodeCancelled(
+                f"episode {slot.id}: the environment answered CANCELLED ({slot.detail!r})",
+                slot.episode(),
+            )
+        slot.verify(verifier)
+        regraded = regrade is not None and slot.status is EpisodeStatus.COMPLETED
+        artifact = slot.artifact(regrade) if regraded else None
+        slot.release()
+        if artifact is not None:
+            slot.regrade(regrade, *artifact)
+        slot.commit_ending()
+    if record is not None:
+        record(slot.episode())
+
+
 def abort_collection(
     slots: list[Slot], current: Slot | None, err: BaseException, record: Record | None
 ) -> None:
@@ -155,4 +188,4 @@ def abort_collection(
     raise kind(f"{where}: aborted by {type(err).__name__}: {err}", episode) from err
 
 
-__all__ = ["abort_collection", "draw_slots", "prepare_action", "recover"]
+__all__ = ["abort_collection", "draw_slots", "finish_slot", "prepare_action", "recover"]

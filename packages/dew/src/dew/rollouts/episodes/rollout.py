@@ -17,12 +17,14 @@ variables. One collection:
    ``max_turns`` end it as TRUNCATED too (the recorded contexts stay whole). Every other turn
    goes to ``environment.step``;
 4. when an episode ends, the verifier scores it while its environment is still open, then the
-   environment is released (a failed release discards the episode);
+   environment is released (a failed release discards the episode) and, with ``regrade=``,
+   a completed episode is scored again in a clean sandbox (a disagreement discards it);
 5. packs every episode with ``session_of`` (group = the task row) and ``pack`` into
    ``[B * G * max_turns, max_prompt_tokens + max_new_tokens]`` rows: raw and behavior
    likelihoods are the policy's own, truncated and errored episodes are masked and out of
-   their group's baseline. Set ``GRPOObjective(seq_len=max_prompt_tokens + max_new_tokens -
-   1)``.
+   their group's baseline; ``session_index`` numbers the whole cohort's episodes (rank ``r``'s
+   ``rewards[i]`` is episode ``r * B * G + i``), like the group ids. Set
+   ``GRPOObjective(seq_len=max_prompt_tokens + max_new_tokens - 1)``.
 
 With several processes, ranks first agree on the cohort configuration and, after opening and
 after every round, on whether any rank failed (see ``cohort``). Any exception from the
@@ -64,10 +66,10 @@ from dew.rollouts.episodes.cohort import (
 from dew.rollouts.episodes.collection import (
     abort_collection,
     draw_slots,
+    finish_slot,
     prepare_action,
     recover,
 )
-from dew.rollouts.episodes.errors import EpisodeCancelled
 from dew.rollouts.episodes.journal import EpisodeJournal
 from dew.rollouts.episodes.projection import project
 from dew.rollouts.episodes.protocol import (
@@ -80,6 +82,7 @@ from dew.rollouts.episodes.protocol import (
 )
 from dew.rollouts.episodes.slot import Slot
 from dew.sampling import Sampling
+from dew.sessions.regrade import Regrade
 
 INERT_CONTEXT = np.zeros((1,), np.int32)
 
@@ -116,8 +119,16 @@ class EpisodeRollout:
         samples all local slots of a round in one call.
       environment_threads: how many environments open, reset and step at the same time
         (threads kept for the rollout's life, so a subprocess tool's parent-death signal stays
-        armed); the verifier, releases and ``record`` run on the calling thread, in slot
-        order. 1 runs everything on the calling thread.
+        armed); the verifier, releases, re-grades and ``record`` run on the calling thread,
+        in slot order. 1 runs everything on the calling thread.
+      regrade: a regrader (``collect(task, environment)``, ``grade(task, artifact)``,
+        ``dew.sessions.regrade``; the task is ``Task(episode.id.task)``) that scores each
+        completed episode again in a clean sandbox, or None; regrade_tolerance: the largest
+        difference of the two rewards that still agrees. An episode whose clean reward
+        differs (or whose re-grade failed) becomes ERROR with no reward and the reason as
+        its detail (``regrade rejected: ...``): its rows are masked and it leaves its
+        group's baseline, so it contributes no gradient while the batch keeps its shape.
+        There is no retry: the step trains on the group's other episodes.
     """
 
     def __init__(
@@ -137,6 +148,8 @@ class EpisodeRollout:
         progress: bool | None = None,
         device_shards: bool = False,
         environment_threads: int = 16,
+        regrade: Any = None,
+        regrade_tolerance: float = 1e-6,
     ) -> None:
         for name in ("bind", "__call__"):
             if not callable(getattr(policy, name, None)):
@@ -167,6 +180,7 @@ class EpisodeRollout:
         self.progress = progress
         self.device_shards = bool(device_shards)
         self.environment_threads = _positive(environment_threads, "environment_threads")
+        self.regrade = None if regrade is None else Regrade(regrade, regrade_tolerance)
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.width = self.max_prompt_tokens + self.max_new_tokens
         self._clocks: tuple[int, int] | None = None
@@ -189,25 +203,16 @@ class EpisodeRollout:
         return clocks
 
     # ------------------------------------------------------------------ collection
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The re-grading counts so far as ``regrade/<name>`` (empty without ``regrade``);
+        the Trainer adds them to its log record."""
+        return {} if self.regrade is None else self.regrade.metrics()
+
     def _finish(self, slot: Slot, status: EpisodeStatus | None = None, detail: str = "") -> None:
         if status is not None:
             slot.end(status, detail)
-        if slot.ending is not None:  # finished and scored before a crash: keep its record
-            slot.status, slot.detail, slot.reward = slot.ending
-            slot.release()
-            if self.record is not None:
-                self.record(slot.episode())
-            return
-        if slot.status is EpisodeStatus.CANCELLED:
-            raise EpisodeCancelled(
-                f"episode {slot.id}: the environment answered CANCELLED ({slot.detail!r})",
-                slot.episode(),
-            )
-        slot.verify(self.verifier)
-        slot.release()
-        slot.commit_ending()
-        if self.record is not None:
-            self.record(slot.episode())
+        finish_slot(slot, self.verifier, self.record, self.regrade)
 
     def _round(self, slots: list[Slot], turn: int, key: jax.Array, policy_step: int) -> float:
         """One turn of every live slot; returns the generation seconds."""
@@ -374,16 +379,18 @@ class EpisodeRollout:
         for shard in range(self._shards):
             part = episodes[shard * size : (shard + 1) * size]
             first_row = jax.process_index() * len(tasks) + shard * size // self.groups
-            columns.append(
-                project(
-                    part,
-                    [first_row + i // self.groups for i in range(len(part))],
-                    width=self.width,
-                    rows=len(part) * self.max_turns,
-                    estimator=self.estimator,
-                    eos_ids=self.sampling.eos_ids,
-                )
+            packed = project(
+                part,
+                [first_row + i // self.groups for i in range(len(part))],
+                width=self.width,
+                rows=len(part) * self.max_turns,
+                estimator=self.estimator,
+                eos_ids=self.sampling.eos_ids,
             )
+            first = jax.process_index() * len(episodes) + shard * size  # cohort-wide numbers
+            index = packed["session_index"]
+            packed["session_index"] = np.where(index >= 0, index + first, -1).astype(np.int32)
+            columns.append(packed)
         out = {name: np.concatenate([c[name] for c in columns]) for name in columns[0]}
         self.last_timings["pack"] = time.perf_counter() - start
         return out

@@ -3,8 +3,10 @@
 ``open`` creates the environment from the factory, enters it and resets it; ``send`` passes a
 validated action to ``step``; ``finish`` ends the episode with a status, runs the verifier
 while the environment is still open and then releases it (a failed release discards the
-episode: status ERROR, no reward); ``abort`` releases it under the exception that ended the
-collection. ``tool_seconds`` adds up the time spent in the environment.
+episode: status ERROR, no reward); ``artifact`` and ``regrade`` re-grade a scored episode
+in a clean sandbox around that release (``dew.sessions.regrade``); ``abort`` releases it
+under the exception that ended the collection. ``tool_seconds`` adds up the time spent in
+the environment.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dew.rollouts.episodes.protocol import (
     Verifier,
     as_observation,
 )
+from dew.sessions.records import Task
 
 
 class VerifierError(ValueError):
@@ -178,6 +181,27 @@ class Slot:
                 f"({self.status.name}), got {value!r}"
             )
         self.reward = number
+
+    def artifact(self, regrade: Any) -> tuple[Any, BaseException | None]:
+        """``regrade.collect`` of the scored episode, its environment still open:
+        ``(artifact, None)``, or ``(None, error)`` when collecting raised."""
+        try:
+            return regrade.collect(Task(self.id.task), self.environment), None
+        except Exception as err:  # noqa: BLE001 - counted as a failed re-grade
+            return None, err
+
+    def regrade(self, regrade: Any, artifact: Any, failure: BaseException | None) -> None:
+        """Score ``artifact`` again (after the release); a clean reward that disagrees, or a
+        regrader that raised (``failure`` included), makes the episode ERROR with no reward
+        and the reason as its detail. An episode the release failed is left as it is."""
+        if self.reward is None or self.status is EpisodeStatus.ERROR:
+            return
+        if failure is not None:
+            reason: str | None = regrade.failure(failure)
+        else:
+            reason = regrade.verdict(Task(self.id.task), self.reward, artifact)
+        if reason is not None:
+            self.status, self.detail, self.reward = EpisodeStatus.ERROR, reason, None
 
     def release(self) -> None:
         """Exit the environment normally; a failure discards the episode (status ERROR)."""
