@@ -154,8 +154,11 @@ def _mistral_json(**changes) -> dict:
 def test_config_json_windows_read_and_written():
     assert decoder_config(_mistral_json())[1].sliding_window == 4
     assert decoder_config(_mistral_json(sliding_window=None))[1].sliding_window is None
+    # as transformers' Mistral: use_sliding_window is ignored, an absent window is 4096
     off = _mistral_json(use_sliding_window=False)
-    assert decoder_config(off)[1].sliding_window is None
+    assert decoder_config(off)[1].sliding_window == 4
+    absent = {k: v for k, v in _mistral_json().items() if k != "sliding_window"}
+    assert decoder_config(absent)[1].sliding_window == 4096
     with pytest.raises(ValueError, match=r"config.json sliding_window: expected a positive"):
         decoder_config(_mistral_json(sliding_window=0))
     family, cfg = decoder_config(_mistral_json())

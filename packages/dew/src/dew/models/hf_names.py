@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from dew.models.config import DecoderConfig, RopeScaling
 
+#: transformers' `MistralConfig.sliding_window` default, used when config.json omits it.
+MISTRAL_DEFAULT_WINDOW = 4096
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -62,8 +64,8 @@ def decoder_config(hf: Mapping[str, Any], dtype: str = "float32") -> tuple[str, 
     Refuses features Dew's decoder does not implement (other activations,
     o_proj or MLP biases, a Qwen2 sliding window, which covers only some layers)
     with an error naming the field. A Mistral `sliding_window` becomes
-    `DecoderConfig.sliding_window` unless `use_sliding_window` is false; null
-    means full attention.
+    `DecoderConfig.sliding_window` as transformers reads it: 4096 when the key is
+    absent, null for full attention, `use_sliding_window` ignored.
     """
     arch = architecture_of(hf)
     family = ARCHITECTURES[arch]
@@ -99,14 +101,18 @@ def decoder_config(hf: Mapping[str, Any], dtype: str = "float32") -> tuple[str, 
 
 
 def _sliding_window(hf: Mapping[str, Any], family: str, arch: str) -> int | None:
-    window = hf.get("sliding_window")
-    if window is None or not hf.get("use_sliding_window", family == "mistral"):
-        return None
     if family != "mistral":
-        raise ValueError(
-            f"config.json use_sliding_window: sliding windows are read for MistralForCausalLM "
-            f"only, got true for {arch}"
-        )
+        if hf.get("sliding_window") is not None and hf.get("use_sliding_window"):
+            raise ValueError(
+                f"config.json use_sliding_window: sliding windows are read for "
+                f"MistralForCausalLM only, got true for {arch}"
+            )
+        return None
+    # transformers' Mistral reads only `sliding_window` (default 4096 when the key is
+    # absent) and ignores `use_sliding_window`: so does Dew, or the logits would differ
+    window = hf.get("sliding_window", MISTRAL_DEFAULT_WINDOW)
+    if window is None:
+        return None
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
         raise ValueError(
             f"config.json sliding_window: expected a positive int or null, got {window!r}"
