@@ -185,11 +185,15 @@ SCRIPT_FOLDERS = ("examples", "tools")
 
 
 def script_files() -> list[tuple[pathlib.Path, str]]:
-    """Every script under ``SCRIPT_FOLDERS``, named like a module (``examples.train_rlvr``)."""
+    """Every script under ``SCRIPT_FOLDERS``, named like a module (``examples.train_rlvr``).
+
+    Hidden folders are left out: ``tools/.envs`` holds the recorders' virtualenvs, whose
+    third-party files are not the project's scripts."""
     return [
         (path, module_name(path, ROOT))
         for folder in SCRIPT_FOLDERS
         for path in sorted((ROOT / folder).rglob("*.py"))
+        if not any(part.startswith(".") for part in path.relative_to(ROOT).parts)
     ]
 
 
