@@ -11,7 +11,14 @@ inside the call's chain), and runs verl 0.9.1's ``compute_gae_advantage_return``
   future, which is the convention of the pinned verl GAE; truncated episodes are not
   trained (the caller leaves them out of the mask), so they never need a bootstrap;
 - ``returns = A + V`` before whitening; the advantages are then whitened over the global set
-  of actions (every trained action of the cohort), as verl whitens over its batch.
+  of actions (every trained action of the cohort, on every process), as verl whitens over
+  its batch.
+
+Several processes: ``PPORollout`` gathers the action columns and episode rewards of every
+process (``joined``), scores the critic over the data mesh, and computes the targets of the
+whole cohort on every process before keeping its own rows. Each process thus whitens with
+the same mean and deviation, and any split of the same devices over processes gives the same
+targets as one process holding them all.
 
 Observations between calls are not actions and take no part: GAE walks straight from one
 call's last action to the next call's first one, the way verl's GAE passes its running
@@ -41,10 +48,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from dew.checks import is_real
 from dew.rl import gae
 from dew.rollouts.actions import action_order
+from dew.trainer.mesh import data_mesh, global_batch
 
 
 class SingleActionError(ValueError):
@@ -148,6 +157,42 @@ def episode_targets(
     return {"advantages": advantages, "returns": returns}
 
 
+ACTION_COLUMNS = ("response_mask", "session_index", "call_index", "text_positions")
+
+
+def joined(columns: Mapping[str, Any], rewards: Any) -> dict[str, np.ndarray]:
+    """The cohort over every process: each ``[B, W]`` column and ``rewards`` concatenated in
+    process order (this process's own arrays when it is the only one).
+
+    ``session_index`` must number the episodes of the whole cohort, process by process (as
+    ``EpisodeRollout`` does): process ``r``'s ``rewards[i]`` is episode ``r * len(rewards) + i``.
+    """
+    local = {name: np.asarray(value) for name, value in columns.items()}
+    local["rewards"] = np.asarray(rewards, np.float32).reshape(-1)
+    count = jax.process_count()
+    if count == 1:
+        return local
+    every = {
+        k: np.asarray(v) for k, v in multihost_utils.process_allgather(local, tiled=True).items()
+    }
+    size = local["rewards"].size
+    index = every["session_index"].reshape(count, -1)
+    for rank in range(count):
+        mine = index[rank][index[rank] >= 0]
+        if mine.size and (mine.min() < rank * size or mine.max() >= (rank + 1) * size):
+            raise ValueError(
+                f"session_index: expected process {rank}'s episodes in [{rank * size}, "
+                f"{(rank + 1) * size}) (numbered over the cohort), got {mine.min()}..{mine.max()}"
+            )
+    return every
+
+
+def own_rows(array: np.ndarray) -> np.ndarray:
+    """This process's rows of an array joined over processes in process order."""
+    rows = array.shape[0] // jax.process_count()
+    return array[jax.process_index() * rows : (jax.process_index() + 1) * rows]
+
+
 class PPORollout:
     """Collect episodes, evaluate the critic and add GAE targets (see the module docstring).
 
@@ -196,6 +241,7 @@ class PPORollout:
         self.gamma = float(gamma)
         self.lam = float(lam)
         self._values = jax.jit(objective.packed_values)
+        self._mesh: Any = None
         self.last_targets: dict[str, np.ndarray] = {}
         self.last_metrics: dict[str, float] = {}
         self.kl_in_reward = kl_in_reward
@@ -216,45 +262,57 @@ class PPORollout:
         self, variables: Mapping[str, Any], batch: Mapping[str, Any], key: jax.Array
     ) -> dict[str, Any]:
         """One cohort: collect, pack, evaluate the critic, add ``old_values`` and GAE targets."""
-        if jax.process_count() > 1:
-            raise NotImplementedError(
-                "PPORollout: advantages are whitened over the cohort's actions on this process; "
-                f"with {jax.process_count()} processes the global whitening is not implemented"
-            )
         out = dict(self.episodes(self.objective.policy_variables(variables), batch, key))
         if "rewards" not in out:
             raise KeyError("episodes: the packed batch has no 'rewards' (one per episode)")
         rows = {k: out[k] for k in ("input_ids", "text_segment_ids", "text_positions")}
-        values = np.asarray(jax.device_get(self._values(variables, rows)), np.float32)
         trained = (np.asarray(out["response_mask"]) > 0) & (np.asarray(out["session_index"]) >= 0)
         if "old_log_probs" not in out and not trained.any():
             # nothing was packed (every episode truncated): keep the batch's shape for a
             # step that makes no update
             out["old_log_probs"] = np.zeros(trained.shape, np.float32)
-        out["old_values"] = np.where(trained, values, 0.0).astype(np.float32)
+        cohort = joined({k: out[k] for k in ACTION_COLUMNS}, out["rewards"])
+        every = (cohort["response_mask"] > 0) & (cohort["session_index"] >= 0)
+        cohort["old_values"] = np.where(every, self._scored(self._values, variables, rows), 0.0)
+        cohort["old_values"] = cohort["old_values"].astype(np.float32)
         metrics = dict(getattr(self.episodes, "last_metrics", None) or {})
         token_rewards = None
-        if self.kl_in_reward is not None and trained.any():
-            token_rewards = -self._kl_charges(variables, out, rows, metrics)
-        targets = episode_targets(out, out["old_values"], out["rewards"], self.gamma, self.lam,
-                                  token_rewards=token_rewards)  # fmt: skip
-        out.update(targets)
+        if self.kl_in_reward is not None and every.any():
+            token_rewards = -self._kl_charges(variables, cohort, rows, metrics)
+        targets = episode_targets(cohort, cohort["old_values"], cohort["rewards"], self.gamma,
+                                  self.lam, token_rewards=token_rewards)  # fmt: skip
+        out["old_values"] = own_rows(cohort["old_values"])
+        out.update({name: own_rows(value) for name, value in targets.items()})
         self.last_targets = {k: out[k] for k in ("old_values", "advantages", "returns")}
         self.last_metrics = metrics
         return out
 
+    def _scored(self, score: Any, variables: Any, rows: Mapping[str, Any]) -> np.ndarray:
+        """``score(variables, rows)`` as float32 over every process's rows, in process order.
+
+        With more than one device the rows are split over the data mesh (the Trainer's
+        layout), so every split of the same devices over processes runs one program."""
+        if jax.device_count() == 1:
+            return np.asarray(jax.device_get(score(variables, rows)), np.float32)
+        if self._mesh is None:
+            self._mesh = data_mesh()
+        scored = score(variables, global_batch(rows, self._mesh))
+        if jax.process_count() == 1:
+            return np.asarray(jax.device_get(scored), np.float32)
+        return np.asarray(multihost_utils.process_allgather(scored, tiled=True), np.float32)
+
     def _kl_charges(
         self,
         variables: Mapping[str, Any],
-        out: Mapping[str, Any],
+        cohort: Mapping[str, Any],
         rows: Mapping[str, Any],
         metrics: dict[str, float],
     ) -> np.ndarray:
-        """``[B, W]`` KL charges of the cohort's actions; steps the controller."""
-        log_probs = np.asarray(jax.device_get(self._log_probs(variables, rows)), np.float32)
-        reference = self._reference_log_probs(self._reference, rows)
-        ref_log_probs = np.asarray(jax.device_get(reference), np.float32)
-        return self.kl_in_reward.charge(out, log_probs, ref_log_probs, metrics)
+        """``[B, W]`` KL charges of the cohort's actions (every process's rows); steps the
+        controller, which then moves alike on every process."""
+        log_probs = self._scored(self._log_probs, variables, rows)
+        ref_log_probs = self._scored(self._reference_log_probs, self._reference, rows)
+        return self.kl_in_reward.charge(cohort, log_probs, ref_log_probs, metrics)
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint keeps of this rollout: the KL controller's state and the
