@@ -24,7 +24,8 @@ imports included). The rules:
   objective (only the protocol in ``dew.objectives.base``), no session and no collector
   (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
   ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
-  ``dew.files``, ``dew.checks``, ``dew.progress``, ``dew.lazy`` and ``dew.processes``,
+  ``dew.files``, ``dew.checks``, ``dew.progress``, ``dew.lazy``, ``dew.processes`` and
+  ``dew.mesh``,
   which import nothing of ``dew``, and neither does ``dew.rollouts.protocol``; ``dew.png``
   and the leaf ``dew.journal_files`` import nothing of ``dew`` but the other leaves.
 
@@ -263,6 +264,7 @@ LEAVES = (
     "dew.progress",
     "dew.lazy",
     "dew.processes",
+    "dew.mesh",
     "dew.journal_files",
 )
 INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) it may import
@@ -291,6 +293,7 @@ SELF_CONTAINED = (
     "dew.progress",
     "dew.lazy",
     "dew.processes",
+    "dew.mesh",
     "dew.rollouts.protocol",
 )
 

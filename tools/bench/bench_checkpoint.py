@@ -48,7 +48,7 @@ import json, os, sys, time
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 os.environ["JAX_PLATFORMS"] = "cpu"
 import jax, jax.numpy as jnp, numpy as np, optax
-from dew.trainer.mesh import data_mesh, state_shardings
+from dew.mesh import data_mesh, state_shardings
 from dew.trainer.state import TrainState
 contender, directory, n_params = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = 4096

@@ -140,9 +140,9 @@ class DewUpdate:
         import optax
 
         from dew import models
+        from dew.mesh import global_batch
         from dew.objectives.rl import PPOObjective, ValueHead
         from dew.trainer import Trainer
-        from dew.trainer.mesh import global_batch
 
         pre = models.load_pretrained(directory)
         critic = ValueHead(models.build("qwen3", **pre.config.__dict__))

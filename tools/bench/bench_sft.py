@@ -145,9 +145,13 @@ def dew_side(directory: str, args: argparse.Namespace):  # type: ignore[no-untyp
     import optax
 
     from dew import models
+
+    try:
+        from dew.mesh import global_batch
+    except ImportError:  # a --base revision from before the mesh helpers became dew.mesh
+        from dew.trainer.mesh import global_batch  # type: ignore[no-redef]
     from dew.objectives.lm import LMObjective
     from dew.trainer import Trainer
-    from dew.trainer.mesh import global_batch
 
     cfg, b, t = SHAPES[args.shape], args.batch, args.seq
     pre = models.load_pretrained(directory)

@@ -17,11 +17,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from dew.data import Dataset
+from dew.mesh import data_mesh
 from dew.objectives.lm import LMObjective
 from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 from dew.trainer import checkpoint as ckpt
-from dew.trainer.mesh import data_mesh
 
 MESH = data_mesh()
 SPLIT = NamedSharding(MESH, PartitionSpec("data"))

@@ -51,9 +51,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from dew.checks import is_real
+from dew.mesh import data_mesh, global_batch
 from dew.rl import gae
 from dew.rollouts.actions import action_order
-from dew.trainer.mesh import data_mesh, global_batch
 
 
 class SingleActionError(ValueError):

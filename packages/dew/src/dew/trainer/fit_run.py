@@ -13,10 +13,10 @@ import jax
 import numpy as np
 
 from dew.data.dataset import Dataset
+from dew.mesh import global_batch
 from dew.objectives.base import token_fields_of
 from dew.progress import Progress
 from dew.trainer import checkpoint as ckpt
-from dew.trainer.mesh import global_batch
 from dew.trainer.state import TrainState
 from dew.trainer.tracker import Tracker
 

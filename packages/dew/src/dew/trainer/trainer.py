@@ -2,7 +2,7 @@
 
 ``Trainer(objective, optimizer, key=..., rollout=None)`` then ``fit(data, steps=N, ...)``.
 See ``dew.trainer.step`` for the update, ``dew.trainer.checkpoint`` for the checkpoint format
-and ``dew.trainer.mesh`` for the shardings.
+and ``dew.mesh`` for the shardings.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import jax
 import optax
 
 from dew.data.dataset import Dataset, Partition
+from dew.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.objectives.base import (
     Objective,
     starts_from_variables,
@@ -24,7 +25,6 @@ from dew.progress import Progress
 from dew.rollouts.protocol import Rollout
 from dew.trainer import checkpoint as ckpt
 from dew.trainer.fit_run import FitRun, NonFiniteLossError
-from dew.trainer.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
 from dew.trainer.step import make_init, make_step

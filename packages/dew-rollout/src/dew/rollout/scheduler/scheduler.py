@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dew.data.dataset import Dataset
+from dew.mesh import data_mesh, global_batch
 from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules, dynamic_rules, sampling_metrics
 from dew.rollout.scheduler.checks import check_protocols, check_schedule, check_single_process
@@ -53,7 +54,6 @@ from dew.sessions.chains import TRUNCATIONS
 from dew.sessions.metrics import session_metrics
 from dew.sessions.packing import pack
 from dew.sessions.records import Session, check_choice
-from dew.trainer.mesh import data_mesh, global_batch
 
 
 class RolloutScheduler:
