@@ -9,6 +9,7 @@ This module imports only the standard library and numpy, so every part of ``dew`
 
 from __future__ import annotations
 
+import math
 from typing import Any, TypeGuard
 
 import numpy as np
@@ -41,4 +42,25 @@ def is_real(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-__all__ = ["is_int", "is_integer", "is_real"]
+def finite_float(value: Any, who: str) -> float:
+    """``value`` as a finite float (a reward, a score), or a ValueError naming ``who``.
+
+    Bools, NaN, infinities and values ``float()`` cannot read are refused:
+
+    >>> finite_float(np.float32(0.5), "reward")
+    0.5
+    >>> finite_float(True, "reward")
+    Traceback (most recent call last):
+    ...
+    ValueError: reward: expected a finite float, got True
+    """
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool | np.bool_) or not math.isfinite(number):
+        raise ValueError(f"{who}: expected a finite float, got {value!r}")
+    return number
+
+
+__all__ = ["finite_float", "is_int", "is_integer", "is_real"]

@@ -36,22 +36,11 @@ import threading
 from concurrent.futures import CancelledError
 from typing import Any
 
-import numpy as np
-
+from dew.checks import finite_float
 from dew.sessions.records import Session, Status, Task
 
 #: The names ``Regrade.counts`` holds.
 COUNTS = ("regraded", "agreed", "rejected", "failed")
-
-
-def _finite(value: Any) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool | np.bool_) or not math.isfinite(number):
-        raise ValueError(f"regrade: expected a finite float, got {value!r}")
-    return number
 
 
 class Regrade:
@@ -113,9 +102,9 @@ class Regrade:
             raise CancelledError("re-grading cancelled")
         try:
             if cancel is None:
-                clean = _finite(self.regrader.grade(task, artifact))
+                clean = finite_float(self.regrader.grade(task, artifact), "regrade")
             else:
-                clean = _finite(self.regrader.grade(task, artifact, cancel=cancel))
+                clean = finite_float(self.regrader.grade(task, artifact, cancel=cancel), "regrade")
         except Exception as err:  # noqa: BLE001 - a failed re-grade drops the sample
             if cancel is not None and cancel.is_set():
                 raise CancelledError("re-grading cancelled") from err

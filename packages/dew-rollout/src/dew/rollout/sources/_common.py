@@ -3,7 +3,6 @@ per-turn seeds (host side)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
@@ -49,17 +48,6 @@ def call_of(draw: Draw) -> Call:
 def turn_seed(seed: int, turn: int) -> int:
     """The engine seed of a session's ``turn``: a uint32 mixed from the session seed."""
     return int(np.random.SeedSequence([int(seed), int(turn)]).generate_state(1)[0])
-
-
-def finite_reward(value: Any, who: str) -> float:
-    """``value`` as a finite float, or a ValueError naming ``who`` and what came."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool | np.bool_) or not math.isfinite(number):
-        raise ValueError(f"{who}: expected a finite float, got {value!r}")
-    return number
 
 
 def check_callable(value: Any, name: str, shape: str) -> Callable[..., Any]:

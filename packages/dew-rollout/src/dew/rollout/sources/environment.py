@@ -41,7 +41,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, CancelledError, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from dew.checks import is_integer
+from dew.checks import finite_float, is_integer
 from dew.rollout.draw import Draw
 from dew.rollout.sources._common import (
     call_of,
@@ -50,7 +50,6 @@ from dew.rollout.sources._common import (
     check_positive,
     check_seed,
     ended,
-    finite_reward,
     resolve,
     turn_seed,
 )
@@ -278,7 +277,7 @@ class EnvironmentSource:
         reward, artifact, failure = None, None, None
         if episode.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED):
             try:
-                reward = finite_reward(self.verifier(task, episode), "verifier")
+                reward = finite_float(self.verifier(task, episode), "verifier")
             except Exception as err:  # noqa: BLE001 - a verifier crash
                 self._exit(manager, err)
                 return ended(task, Status.INFRA_ERROR,

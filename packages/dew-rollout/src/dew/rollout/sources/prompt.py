@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from dew.checks import finite_float
 from dew.rollout.draw import Draw
 from dew.rollout.sources._common import (
     call_of,
@@ -35,7 +36,6 @@ from dew.rollout.sources._common import (
     check_positive,
     check_seed,
     ended,
-    finite_reward,
     resolve,
 )
 from dew.rollouts.sampled import default_decode
@@ -169,7 +169,7 @@ class PromptSource:
         try:
             completion = self.decode(ids)
             value = self.reward(texts[0], completion, texts[1], texts[2])
-            reward = finite_reward(value, "reward")
+            reward = finite_float(value, "reward")
         except Exception as err:  # noqa: BLE001 - a failed reward is an infrastructure failure
             detail = f"reward failed: {type(err).__name__}: {err}"
             self._finish(out, ended(task, Status.INFRA_ERROR, detail, (call,)))
