@@ -16,7 +16,16 @@ import nox
 
 ROOT = pathlib.Path(__file__).parent
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").exists())
-TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120"]
+TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120", "pytest-xdist>=3.6"]
+#: Test files run on this many pytest-xdist workers (``DEW_TEST_WORKERS``; 1 runs them in one
+#: process). Most of a suite's time is XLA compiling on one core, so two workers use both
+#: cores of a CI machine. ``--dist loadfile`` keeps a file on one worker, so its
+#: module-scoped fixtures (a compiled step, a started engine) are built once.
+WORKERS = os.environ.get("DEW_TEST_WORKERS", "2")
+#: Suites that stay in one process: dew-sandbox's tests look for leftovers machine-wide (any
+#: live process in the sandbox's uid range, any ``dew-sandbox-`` job directory), which a
+#: concurrent test file would create.
+SERIAL = {"dew-sandbox"}
 #: Every suite prints its slowest tests, so a CI log shows where its minutes went.
 DURATIONS = "--durations=15"
 # What an isolated install of a distribution must not pull in.
@@ -48,6 +57,15 @@ def _sync(session: nox.Session, *args: str) -> None:
     """Install workspace members into the session's own virtualenv with uv sync."""
     env = {"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}
     session.run_install("uv", "sync", "--locked", "--no-default-groups", *args, env=env)
+
+
+def _parallel(package: str | None = None) -> list[str]:
+    """pytest's worker options for a suite (none for a serial one or one worker)."""
+    if not WORKERS.isdigit():
+        raise ValueError(f"DEW_TEST_WORKERS: expected a whole number of workers, got {WORKERS!r}")
+    if package in SERIAL or int(WORKERS) < 2:
+        return []
+    return ["-n", WORKERS, "--dist", "loadfile"]
 
 
 def _workspace_deps(package: str) -> list[str]:
@@ -82,7 +100,9 @@ def tests(session: nox.Session, package: str) -> None:
     groups = ["--group", "test"] if "test" in meta.get("dependency-groups", {}) else []
     _sync(session, "--package", package, "--exact", *groups)
     session.install(*TEST_TOOLS)
-    session.run("pytest", f"packages/{package}/tests", DURATIONS, *session.posargs)
+    session.run(
+        "pytest", f"packages/{package}/tests", DURATIONS, *_parallel(package), *session.posargs
+    )
 
 
 @nox.session
@@ -116,7 +136,7 @@ def parity(session: nox.Session) -> None:
     """Cross-package tests: import arrows, parity suites against recorded references."""
     _sync(session, "--all-packages", "--exact")
     session.install(*TEST_TOOLS)
-    session.run("pytest", "tests", DURATIONS, *session.posargs)
+    session.run("pytest", "tests", DURATIONS, *_parallel(), *session.posargs)
 
 
 @nox.session
