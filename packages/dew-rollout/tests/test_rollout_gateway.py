@@ -5,7 +5,8 @@ Checked: `ready` and the model list through the gateway; a multi-turn session re
 with the engine's exact prompt ids, sampled ids and log-probs, versions from the stamps
 and the calls merging into one chain; malformed traces, a dead worker and the gateway's
 500 as named errors; `Publication` stamping only after both replicas serve the version.
-The gateway in front of the real vLLM CPU engine is in test_rollout_vllm_gateway.py.
+The gateway in front of the real vLLM CPU engine is in test_rollout_vllm_gateway.py, and a
+full chat session through the proxy, the gateway and that engine in test_rollout_vllm_chat.py.
 """
 
 from __future__ import annotations
