@@ -70,7 +70,12 @@ def row_form(row: Mapping[str, Any], where: str) -> str:
     return forms["chosen"]
 
 
-def _common_prefix(ids: Sequence[int], other: Sequence[int]) -> int:
+def common_prefix(ids: Sequence[int], other: Sequence[int]) -> int:
+    """How many leading ids ``ids`` and ``other`` share (0 when either is empty).
+
+    >>> common_prefix([1, 2, 3], [1, 2, 4, 5])
+    2
+    """
     length = 0
     for token, other_token in zip(ids, other):
         if token != other_token:
@@ -106,7 +111,7 @@ def _text_pair(tokenizer: Any, prompt: str, row: Mapping[str, Any], where: str) 
             completion += eos
         full[side] = tokenizer.encode(prompt + completion, add_special_tokens=True)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
-    start = min(_common_prefix(prompt_ids, full[side]) for side in _SIDES)
+    start = min(common_prefix(prompt_ids, full[side]) for side in _SIDES)
     out: dict[str, Any] = {}
     for side in _SIDES:
         if len(full[side]) <= start:
@@ -181,4 +186,4 @@ def tokenize_row(row: Mapping[str, Any], tokenizer: Any, where: str) -> Mapping[
     return out
 
 
-__all__ = ["implicit_text_prompt", "row_form", "tokenize_row"]
+__all__ = ["common_prefix", "implicit_text_prompt", "row_form", "tokenize_row"]

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.data.preference_text import common_prefix
 from dew.inference import TextGeneration
 from dew.rewards import MathReward
 from dew.sampling import Sampling
@@ -86,15 +87,6 @@ def parting_index(chosen: Sequence[int], rejected: Sequence[int]) -> int | None:
         if a != b:
             return index
     return None
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def slip_pair(
@@ -167,7 +159,7 @@ def build_pairs(
                 target.append(ids)
         candidates = right or [reference]
         for rejected in wrong:
-            chosen = max(candidates, key=lambda c: _common_prefix(c, rejected))
+            chosen = max(candidates, key=lambda c: common_prefix(c, rejected))
             at = parting_index(chosen, rejected)
             if at is None:
                 continue
