@@ -33,7 +33,7 @@ def test_bools_and_non_reals_fail_is_real(value) -> None:
 
 def test_the_docstring_examples_hold() -> None:
     result = doctest.testmod(dew.checks)
-    assert result.attempted == 3 and result.failed == 0
+    assert result.attempted == 5 and result.failed == 0
 
 
 def test_an_objective_refuses_a_flag_for_a_length() -> None:
