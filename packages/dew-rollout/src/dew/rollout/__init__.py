@@ -46,6 +46,7 @@ from dew.rollout.publication import Publication
 from dew.rollout.reload import SafetensorsReload
 from dew.rollout.remote import NoPublisher
 from dew.rollout.scheduler.journal import WeightJournal
+from dew.rollout.scheduler.packer import TokenPacker
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.scheduler import RolloutScheduler
 from dew.rollout.scheduler.tasks import prompt_tasks, task_ids
@@ -86,6 +87,7 @@ __all__ = [
     "SafetensorsReload",
     "SamplingRefused",
     "SchedulerRecord",
+    "TokenPacker",
     "SandboxProxy",
     "ServerClosed",
     "VLLMGenerateServer",

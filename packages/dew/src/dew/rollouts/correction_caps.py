@@ -58,14 +58,21 @@ class AdaptiveCorrection:
         self.floor: float | None = None
 
     def observe(
-        self, batch: Mapping[str, Any], old_log_probs: Any, behavior_log_probs: Any
+        self,
+        batch: Mapping[str, Any],
+        old_log_probs: Any,
+        behavior_log_probs: Any,
+        mask: str = "response_mask",
     ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """Measure a packed batch; ``(columns to add to it, metrics)``.
 
-        The trained tokens are ``response_mask > 0`` and ``session_index >= 0``; a batch
-        without any keeps the previous bounds (1 before the first measurement).
+        The trained entries are ``batch[mask] > 0`` (response tokens, or a flow batch's
+        ``transition_mask``) and, when the batch numbers its sessions, ``session_index >=
+        0``; a batch without any keeps the previous bounds (1 before the first measurement).
         """
-        keep = (np.asarray(batch["response_mask"]) > 0) & (np.asarray(batch["session_index"]) >= 0)
+        keep = np.asarray(batch[mask]) > 0
+        if "session_index" in batch:
+            keep &= np.asarray(batch["session_index"]) >= 0
         rows = keep.shape[0]
         log_ratio = np.asarray(old_log_probs, np.float64) - np.asarray(
             behavior_log_probs, np.float64

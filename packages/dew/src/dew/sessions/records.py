@@ -190,7 +190,12 @@ class Call:
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Session:
-    """One harness session: its calls in submission order, how it ended and its reward."""
+    """One harness session: its calls in submission order, how it ended and its reward.
+
+    A session that made no engine call (a flow model's sample, drawn by the trainer's own
+    sampler) carries what it drew in ``payload`` and the policy version it was drawn with in
+    ``version``; ``policy_versions`` reads either kind.
+    """
 
     task: Hashable
     group: int = 0
@@ -201,6 +206,8 @@ class Session:
     reward: float | None = None
     components: Mapping[str, float] = field(default_factory=dict)
     detail: str = ""
+    version: int | None = None
+    payload: Any = None
 
     def __post_init__(self) -> None:
         try:
@@ -230,6 +237,17 @@ class Session:
             if not math.isfinite(value):
                 raise ValueError(f"Session.components[{name!r}]: expected finite, got {value}")
         object.__setattr__(self, "components", components)
+        if self.version is not None:
+            if not is_integer(self.version) or self.version < 0:
+                raise ValueError(
+                    f"Session.version: expected None or a nonnegative integer, got {self.version!r}"
+                )
+            object.__setattr__(self, "version", int(self.version))
+
+    def policy_versions(self) -> list[int]:
+        """The policy versions this session drew with: one per call, then ``version`` if set."""
+        versions = [call.version for call in self.calls]
+        return versions if self.version is None else [*versions, self.version]
 
 
 def check_choice(value: str, choices: tuple[str, ...], field_name: str) -> None:

@@ -16,8 +16,10 @@ A group completes when ``groups`` of its samples are admitted (the rest of an ov
 group are cancelled). With ``max_draws > 1`` (DAPO's dynamic sampling) a group of two or more
 whose admitted samples all train on the same reward carries no signal: its samples are
 drawn again (fresh seeds: each sample's attempt counts up), at most ``max_draws`` rounds in
-all; a group still uniform at its last round completes as it is (counted ``filled``). It then joins the batch only if the chains of every group admitted so far
-fit ``rows`` rows; otherwise it is cut. A group that cannot fit ``rows`` rows on its own
+all; a group still uniform at its last round completes as it is (counted ``filled``). It
+then joins the batch only if every group admitted so far fits ``rows`` rows (the packer's
+``rows_needed``: chains placed in token rows, or one row per flow sample); otherwise it is
+cut. A group that cannot fit ``rows`` rows on its own
 raises. With ``admit=M`` the batch closes after ``M`` complete groups and the others are
 cancelled. A future that raises (the source itself failed) propagates.
 """
@@ -38,7 +40,6 @@ from dew.rollout.scheduler.work import (
     BatchWork,
     Entry,
 )
-from dew.sessions.packing import chain_lengths, rows_needed
 from dew.sessions.records import Session, Status
 
 Resubmit = Callable[[BatchWork, int, int], None]
@@ -50,7 +51,6 @@ class Rules:
     """The admission settings of a scheduler (checked by it)."""
 
     groups: int
-    width: int
     rows: int
     max_lag: int
     max_attempts: int
@@ -66,11 +66,13 @@ class Admission:
     def __init__(
         self,
         rules: Rules,
+        packer: Any,
         resubmit: Resubmit,
         cancel: Cancel,
         tick: Callable[[BatchWork], None] | None = None,
     ) -> None:
         self.rules = rules
+        self.packer = packer
         self.resubmit = resubmit
         self.cancel = cancel
         self.tick = tick
@@ -149,7 +151,7 @@ class Admission:
                 f"source: task {group.task.id!r} sample {entry.sample} ended {status.name} "
                 "without a reward (Session.reward is None)"
             )
-        versions = [call.version for call in session.calls]
+        versions = session.policy_versions()
         lag = updates - min(versions) if versions else 0
         if lag > self.rules.max_lag:
             work.counts["resubmitted/stale"] += 1
@@ -205,15 +207,15 @@ class Admission:
         group = work.groups[index]
         keep = sorted(group.admitted)
         mine = [group.admitted[s] for s in keep]
-        width, rows, truncation = self.rules.width, self.rules.rows, self.rules.truncation
-        alone = rows_needed(chain_lengths(mine, width, truncation), width)
+        rows, needed = self.rules.rows, self.packer.rows_needed
+        alone = needed(mine)
         if alone > rows:
             raise ValueError(
-                f"rows: group of task {group.task.id!r} needs {alone} rows of width {width} on "
+                f"rows: group of task {group.task.id!r} needs {alone} {self.packer.unit} on "
                 f"its own, more than rows={rows}; size rows for the chains one group can make"
             )
         earlier = [s for g in work.groups if g.state == COMPLETE for s in g.admitted.values()]
-        if rows_needed(chain_lengths(earlier + mine, width, truncation), width) > rows:
+        if needed(earlier + mine) > rows:
             group.state = CUT
             work.counts["cut"] += 1
             return

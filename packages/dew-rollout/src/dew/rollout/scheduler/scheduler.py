@@ -13,9 +13,9 @@ Each call (one training batch ``i``, with ``u`` updates committed):
    then raises);
 5. batches ``i + 1 .. i + ahead`` are submitted under the served version, so they draw while
    the trainer updates on batch ``i``;
-6. batch ``i``'s complete groups are packed into ``[rows, width]`` (``pack``) and
-   ``old_log_probs`` is rescored under the trainer's current weights (the proximal policy);
-   ``behavior_log_probs`` keeps the engine's;
+6. batch ``i``'s complete groups are packed (``packer``: by default ``[rows, width]`` token
+   rows) and ``old_log_probs`` is rescored under the trainer's current weights (the proximal
+   policy); ``behavior_log_probs`` keeps the engine's (or the flow sampler's);
 7. the waiting share and the off-policy gap are measured (``staleness``); an
    ``AdaptiveAhead`` given as ``ahead`` chooses from them the ``ahead`` of the next call.
 
@@ -36,23 +36,20 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dew.data.dataset import Dataset
-from dew.mesh import data_mesh, global_batch
 from dew.progress import TerminalBar
 from dew.rollout.scheduler.admission import Admission, Rules, dynamic_rules, sampling_metrics
 from dew.rollout.scheduler.checks import check_protocols, check_schedule, check_single_process
 from dew.rollout.scheduler.checks import count as _count
 from dew.rollout.scheduler.journal import WeightJournal
+from dew.rollout.scheduler.packer import TokenPacker, check_packer
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.staleness import AdaptiveAhead, staleness_metrics
 from dew.rollout.scheduler.tasks import TaskReader, TaskStream, check_tasks
 from dew.rollout.scheduler.work import COMPLETE, BatchWork, Entry
 from dew.rollouts.episodes.cohort import agree_on_failure
 from dew.sessions.chains import TRUNCATIONS
-from dew.sessions.metrics import session_metrics
-from dew.sessions.packing import pack
 from dew.sessions.records import Session, check_choice
 
 
@@ -60,12 +57,14 @@ class RolloutScheduler:
     """Run GRPO rollouts from ``source`` while the trainer updates (module docstring).
 
     Args:
-      objective: the ``GRPOObjective`` (its width must equal ``width``).
+      objective: the ``GRPOObjective`` (its width must equal ``width``), or the objective
+        ``packer`` packs for (``FlowGRPOObjective`` with ``dew.flow.FlowPacker``).
       source: a ``SessionSource`` (``PromptSource``, ``EnvironmentSource``, ``HarborSource``);
         what its optional ``metrics()`` returns joins each record's metrics.
       weights: what serves the source (``NativeRolloutServer``, ``Publication``, ...):
         ``load(variables, version)`` and ``version``.
-      width: row width W; rows: rows N this process packs.
+      width: row width W; rows: rows N this process packs (both set by ``packer`` when one is
+        given, and then refused here).
       tasks: ``batch -> list[Task]`` (``task_ids`` or ``prompt_tasks``).
       groups: admitted samples per task (G).
       max_lag: the oldest call an admitted rollout may have, in updates behind.
@@ -91,6 +90,9 @@ class RolloutScheduler:
       dynamic_sampling: a ``DynamicSampling`` (``dew.rollouts.dynamic_sampling``): DAPO's
         filter in admission (``admission``): its ``groups`` groups with signal train (it
         takes ``admit``'s place), uniform groups are drawn again up to ``max_draws`` rounds.
+      packer: how admitted sessions become the batch (``dew.rollout.scheduler.packer``);
+        ``None`` packs token rows (``TokenPacker`` of ``width``, ``rows``, ``truncation``,
+        ``estimator``, ``support_capacity``, ``eos_ids``).
     """
 
     def __init__(
@@ -99,8 +101,8 @@ class RolloutScheduler:
         source: Any,
         weights: Any,
         *,
-        width: int,
-        rows: int,
+        width: int | None = None,
+        rows: int | None = None,
         tasks: TaskReader,
         groups: int,
         max_lag: int = 1,
@@ -120,17 +122,15 @@ class RolloutScheduler:
         progress: bool | None = None,
         correction: Any = None,
         dynamic_sampling: Any = None,
+        packer: Any = None,
     ) -> None:
-        check_protocols(objective, source, weights, tasks)
-        width = _count(width, "width", 2)
-        if getattr(objective, "width", width) != width:
-            raise ValueError(
-                f"width: the objective trains rows {objective.width} wide "
-                f"(seq_len + 1), got width={width}"
-            )
+        check_protocols(source, weights, tasks)
+        check_choice(truncation, TRUNCATIONS, "truncation")
+        packer = _packer(packer, objective, width, rows, truncation=truncation,
+                         estimator=estimator, support_capacity=support_capacity,
+                         eos_ids=eos_ids)  # fmt: skip
         groups = _count(groups, "groups", 1)
         top, sync_every, max_lag, adaptive = check_schedule(objective, ahead, sync_every, max_lag)
-        check_choice(truncation, TRUNCATIONS, "truncation")
         if timeout is not None and not float(timeout) > 0:
             raise ValueError(f"timeout: expected None or seconds > 0, got {timeout!r}")
         if admit is not None:
@@ -140,20 +140,20 @@ class RolloutScheduler:
         self.objective = objective
         self.source = source
         self.weights = weights
-        self.width, self.rows, self.groups = width, _count(rows, "rows", 1), groups
+        self.packer = packer
+        self.rows, self.groups = packer.rows, groups
         self.ahead = top if adaptive is None else adaptive.ahead  # the current one
         self.top, self.adaptive, self.sync_every, self.max_lag = top, adaptive, sync_every, max_lag
         self.samples = groups + _count(oversample, "oversample", 0)
-        self.truncation, self.estimator = truncation, estimator
-        self.support_capacity, self.eos_ids = support_capacity, eos_ids
+        self.truncation = truncation
         self.seed = _count(seed, "seed", 0)
         self.log = log
         self.task_reader = tasks
-        self.rules = Rules(groups, width, self.rows, max_lag,
+        self.rules = Rules(groups, self.rows, max_lag,
                            _count(max_attempts, "max_attempts", 1), truncation,
                            None if timeout is None else float(timeout), admit,
                            max_draws)  # fmt: skip
-        self.admission = Admission(self.rules, self._resubmit, self._cancel, self._tick)
+        self.admission = Admission(self.rules, packer, self._resubmit, self._cancel, self._tick)
         self.journal = None if journal is None else WeightJournal(journal, top + sync_every + 1)
         self.stream = TaskStream(top, self._reopen)
         self.progress = TerminalBar("rollouts", "groups", enabled=progress)
@@ -163,8 +163,6 @@ class RolloutScheduler:
         self._collected: float | None = None  # when the last collection ended
         self._updates: int | None = None
         self._step = 0
-        self._rescore = jax.jit(objective.packed_log_probs)
-        self._mesh: Any = None
         self.correction = correction
         self.last_metrics: dict[str, float] = {}
 
@@ -230,7 +228,7 @@ class RolloutScheduler:
                cycle: float | None) -> None:  # fmt: skip
         """Measure the batch (``staleness``); an adaptive ``ahead`` chooses the next one."""
         share = None if cycle is None else waited / cycle
-        measured = staleness_metrics(out, self.ahead, share)
+        measured = staleness_metrics(out, self.ahead, share, mask=self.packer.mask)
         if cycle is not None:
             measured["staleness/cycle"] = cycle
         if self.adaptive is not None:
@@ -328,15 +326,10 @@ class RolloutScheduler:
         sessions: list[Session] = [g.admitted[s] for g in complete for s in sorted(g.admitted)]
         latencies = [g.latencies[s] for g in complete for s in sorted(g.admitted)]
         self.last_sessions = sessions
-        out: dict[str, Any] = pack(sessions, self.width, rows=self.rows,
-                                   estimator=self.estimator, truncation=self.truncation,
-                                   support_capacity=self.support_capacity,
-                                   eos_ids=self.eos_ids)  # fmt: skip
-        out["old_log_probs"] = self._rescored(variables, out)
-        versions = [c.version for s in sessions for c in s.calls]
+        out, metrics = self.packer.pack(sessions, latencies, updates)
+        out["old_log_probs"] = self.packer.rescore(variables, out)
+        versions = [v for s in sessions for v in s.policy_versions()]
         oldest = min(versions) if versions else updates
-        metrics = session_metrics(sessions, out, latencies=latencies or None,
-                                  version=updates, truncation=self.truncation)  # fmt: skip
         self.last_metrics = sampling_metrics(work, self.rules)
         metrics.update(self.last_metrics)
         source_metrics = getattr(self.source, "metrics", None)  # e.g. re-grading's counts
@@ -344,7 +337,7 @@ class RolloutScheduler:
             metrics.update(source_metrics())
         if self.correction is not None:  # bounds measured on this batch's own ratios
             columns, measured = self.correction.observe(
-                out, out["old_log_probs"], out["behavior_log_probs"]
+                out, out["old_log_probs"], out["behavior_log_probs"], mask=self.packer.mask
             )
             out.update(columns)
             metrics.update(measured)
@@ -375,17 +368,18 @@ class RolloutScheduler:
             self.adaptive.load_state_dict(state["ahead"])
             self.ahead = self.adaptive.ahead
 
-    def _rescored(self, variables: Any, batch: dict[str, Any]) -> np.ndarray:
-        if jax.process_count() == 1:
-            return np.asarray(jax.device_get(self._rescore(variables, batch)), np.float32)
-        from jax.experimental import multihost_utils
 
-        if self._mesh is None:
-            self._mesh = data_mesh()
-        scored = self._rescore(variables, global_batch(batch, self._mesh))
-        every = np.asarray(multihost_utils.process_allgather(scored, tiled=True), np.float32)
-        mine = jax.process_index() * self.rows
-        return every[mine : mine + self.rows]
+def _packer(packer: Any, objective: Any, width: Any, rows: Any, **token: Any) -> Any:
+    """The packer given (``width`` and ``rows`` then unset) or a ``TokenPacker``."""
+    if packer is None:
+        return TokenPacker(objective, _count(width, "width", 2), _count(rows, "rows", 1), **token)
+    check_packer(packer)
+    for name, value in (("width", width), ("rows", rows)):
+        if value is not None:
+            raise ValueError(f"{name}: the packer sets the batch's shape; expected it unset, "
+                             f"got {value!r}")  # fmt: skip
+    _count(packer.rows, "packer.rows", 1)
+    return packer
 
 
 __all__ = ["RolloutScheduler"]

@@ -51,30 +51,31 @@ MARGIN = 0.1
 WINDOW = 5
 
 
-def off_policy_gap(batch: Mapping[str, Any]) -> float:
-    """Mean ``|old_log_probs - behavior_log_probs|`` over ``response_mask``'s tokens.
+def off_policy_gap(batch: Mapping[str, Any], mask: str = "response_mask") -> float:
+    """Mean ``|old_log_probs - behavior_log_probs|`` over the trained entries (``batch[mask]
+    > 0``: response tokens, or a flow batch's ``transition_mask``).
 
-    ``batch`` is a packed batch (each column ``[N, W]``); a batch with no response token
-    (every group abandoned or masked) has gap ``0.0``.
+    ``batch`` is a packed batch (each column ``[N, W]``, or ``[N, S]`` transitions); a batch
+    with nothing trained (every group abandoned or masked) has gap ``0.0``.
     """
-    mask = np.asarray(batch["response_mask"]) > 0
-    if not mask.any():
+    keep = np.asarray(batch[mask]) > 0
+    if not keep.any():
         return 0.0
     old = np.asarray(batch["old_log_probs"], np.float64)
     behavior = np.asarray(batch["behavior_log_probs"], np.float64)
-    return float(np.abs(old - behavior)[mask].mean())
+    return float(np.abs(old - behavior)[keep].mean())
 
 
 def staleness_metrics(
-    batch: Mapping[str, Any], ahead: int, wait_share: float | None
+    batch: Mapping[str, Any], ahead: int, wait_share: float | None, mask: str = "response_mask"
 ) -> dict[str, float]:
     """What the scheduler records of one packed batch's staleness.
 
     ``staleness/ahead``: the ``ahead`` its call submitted with; ``staleness/gap``:
-    ``off_policy_gap(batch)``; ``staleness/wait_share``: ``wait_share``, left out when
+    ``off_policy_gap(batch, mask)``; ``staleness/wait_share``: ``wait_share``, left out when
     None (the first call after the stream opened has no cycle to measure).
     """
-    out = {"staleness/ahead": float(ahead), "staleness/gap": off_policy_gap(batch)}
+    out = {"staleness/ahead": float(ahead), "staleness/gap": off_policy_gap(batch, mask)}
     if wait_share is not None:
         out["staleness/wait_share"] = float(wait_share)
     return out
