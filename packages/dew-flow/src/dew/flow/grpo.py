@@ -5,7 +5,10 @@ The batch is what ``FlowRollout`` writes, ``N`` trajectories of ``S`` selected t
 ``[N, S]``, ``transition_mask`` ``[N, S]`` (stochastic, selected and with a non-zero
 advantage), ``advantages`` ``[N, S]`` (the row's advantage repeated), ``behavior_log_probs``
 ``[N, S]`` (per-coordinate log densities recorded while sampling), optionally
-``old_log_probs`` (rescored) and ``rewards`` ``[N]``, plus the encoders' condition fields.
+``old_log_probs`` (rescored), ``rewards`` ``[N]`` and the adaptive bounds ``behavior_cap`` /
+``behavior_floor`` ``[N]`` (``AdaptiveCorrection`` through ``RolloutScheduler``), plus the
+encoders' condition fields. ``FlowSource`` sessions packed by ``FlowPacker`` give the same
+batch.
 
 For each kept transition the current model gives the SDE mean, and the per-coordinate log
 density of the recorded next state; the ratio to the old density enters dew's GRPO policy
@@ -182,7 +185,7 @@ class FlowGRPOObjective(FlowModel):
         if self.advantage_clip is not None:
             advantages = jnp.clip(advantages, -self.advantage_clip, self.advantage_clip)
         fields: dict[str, Any] = {"response_mask": mask, "advantages": advantages}
-        for name in ("behavior_log_probs", "old_log_probs"):
+        for name in ("behavior_log_probs", "old_log_probs", "behavior_cap", "behavior_floor"):
             if name in batch:
                 fields[name] = jnp.asarray(batch[name], jnp.float32)
         loss_sum, weight, metrics = compute_policy_loss(log_probs, fields, self.loss_options)

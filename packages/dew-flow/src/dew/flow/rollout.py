@@ -26,7 +26,6 @@ JAX's x64 mode is off); ``last_rewards`` and ``last_timings`` (``sampling``, ``r
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,14 +36,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import dew.rl as rl
+from dew.flow.draws import RewardError, check_scores, compiled_draw, trained_transitions
 from dew.sessions import on_host_x64
 
 Reward = Callable[[np.ndarray, dict[str, np.ndarray]], Any]
 STD_EPS = 1e-4
-
-
-class RewardError(RuntimeError):
-    """The reward raised, or returned something other than ``N`` finite numbers."""
 
 
 def group_advantages(rewards: np.ndarray, groups: int) -> np.ndarray:
@@ -93,12 +89,6 @@ class FlowRollout:
             raise ValueError(
                 f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
             )
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-            raise ValueError(f"steps: expected an integer >= 2 (both endpoints), got {steps!r}")
-        if train_steps is not None and (
-            isinstance(train_steps, bool) or not isinstance(train_steps, int) or train_steps < 1
-        ):
-            raise ValueError(f"train_steps: expected None or an integer >= 1, got {train_steps!r}")
         if not callable(reward):
             raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
         for name in ("trajectory", "log_densities", "inputs", "to_pixels"):
@@ -108,63 +98,20 @@ class FlowRollout:
         self.reward = reward
         self.groups = groups
         self.steps = steps
-        times = objective.process.grid(steps)
-        live = np.flatnonzero(np.asarray(objective.process.noise_scales(times)) > 0)
-        if live.size == 0:
-            raise ValueError(
-                f"steps={steps}: the process has no stochastic transition (noise_level "
-                f"{objective.process.noise_level}, sde_window {objective.process.sde_window})"
-            )
-        if train_steps is not None and train_steps > live.size:
-            raise ValueError(
-                f"train_steps: expected at most the {live.size} stochastic transitions of "
-                f"steps={steps}, got {train_steps}"
-            )
         self.train_steps = train_steps
-        self.selected = live if train_steps is None else live[:train_steps]
+        self.selected = trained_transitions(objective.process, steps, train_steps)
         self.rescore = bool(rescore)
-        self._sample = jax.jit(self._sample_fn)
+        self._sample = compiled_draw(objective, steps, self.selected)
         self._rescorer = jax.jit(objective.log_densities)
         self.last_rewards: np.ndarray | None = None
         self.last_timings: dict[str, float] = {}
 
-    def _sample_fn(self, variables: Any, fields: Any, keys: jax.Array) -> dict[str, jax.Array]:
-        obj = self.objective
-        path = obj.trajectory(variables, fields, keys, self.steps, obj.guidance)
-        pick = jnp.asarray(self.selected)
-        n = path.states.shape[0]
-        size = math.prod(obj.state_shape)
-        return {
-            "images": obj.to_pixels(path.samples),
-            "states": path.states[:, pick],
-            "next_states": path.states[:, pick + 1],
-            "times": jnp.broadcast_to(path.times[pick], (n, pick.size)),
-            "next_times": jnp.broadcast_to(path.times[pick + 1], (n, pick.size)),
-            "scales": jnp.broadcast_to(path.scales[pick], (n, pick.size)),
-            "behavior_log_probs": path.log_densities[:, pick] / size,
-            "stochastic": jnp.broadcast_to(path.stochastic[pick], (n, pick.size)),
-        }
-
     def _score(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
-        n = images.shape[0]
         try:
             value = self.reward(images, repeated)
         except Exception as err:
             raise RewardError(f"reward: raised {type(err).__name__}: {err}") from err
-        try:
-            scores = np.asarray(value, np.float64).reshape(-1)
-        except (TypeError, ValueError) as err:
-            raise RewardError(f"reward: expected {n} numbers, got {value!r}") from err
-        if scores.shape != (n,):
-            raise RewardError(
-                f"reward: expected one score per sample, shape [{n}], got {list(np.shape(value))}"
-            )
-        bad = np.flatnonzero(~np.isfinite(scores))
-        if bad.size:
-            raise RewardError(
-                f"reward: expected finite scores, sample {int(bad[0])} got {scores[bad[0]]}"
-            )
-        return scores
+        return check_scores(value, images.shape[0])
 
     def _rewards(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
         """Score on process 0 with every process's images; each process gets its own rows."""
@@ -230,4 +177,4 @@ class FlowRollout:
         return result
 
 
-__all__ = ["FlowRollout", "RewardError", "STD_EPS", "group_advantages"]
+__all__ = ["FlowRollout", "STD_EPS", "group_advantages"]
