@@ -139,11 +139,13 @@ class FakeChatVLLM(FakeVLLM):
 
 
 class GatewayProcess:
-    """rllm-model-gateway 0.1.0 on 127.0.0.1 in front of `worker` (an engine root URL)."""
+    """rllm-model-gateway 0.1.0 on 127.0.0.1 in front of `worker` (an engine root URL), or
+    of no worker at all (`None`: workers join through its admin routes)."""
 
     def __init__(
-        self, worker: str, directory: Path, *, interval: float = 0.3, startup: float = 60.0
-    ) -> None:
+        self, worker: str | None, directory: Path, *, interval: float = 0.3,
+        startup: float = 60.0,
+    ) -> None:  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = directory / "gateway.yaml"
@@ -154,10 +156,9 @@ class GatewayProcess:
             "sync_traces: true\n"
             f"health_check_interval: {interval}\n"
             "log_level: WARNING\n"
-            "workers:\n"
-            f"  - url: {worker}/v1\n"
-            f"    model_name: {MODEL}\n"
-        )
+            + ("workers: []\n" if worker is None else
+               f"workers:\n  - url: {worker}/v1\n    model_name: {MODEL}\n")
+        )  # fmt: skip
         self.log = directory / "gateway.log"
         self.process = start(
             [sys.executable, "-m", "rllm_model_gateway", "--config", str(config)], log=self.log

@@ -141,6 +141,17 @@ def test_command_lines_carry_the_flags_pushes_need(tmp_path):
     sglang = " ".join(engine_command("sglang", "py", tmp_path, 9, max_model_len=64))
     assert f"-m sglang.launch_server --model-path {tmp_path} --context-length 64" in sglang
     assert "--skip-tokenizer-init" in sglang and "logprobs-mode" not in sglang
+    # an engine that renders chats loads a tokenizer instead; vLLM serves aliases too
+    chats = " ".join(engine_command("vllm", "py", tmp_path, 9, max_model_len=64,
+                                    served_name=("policy", "hosted_vllm/policy"),
+                                    tokenizer="/tok"))  # fmt: skip
+    assert "--served-model-name policy hosted_vllm/policy --tokenizer /tok --dtype" in chats
+    assert "--skip-tokenizer-init" not in chats
+    sglang = " ".join(engine_command("sglang", "py", tmp_path, 9, max_model_len=64,
+                                     tokenizer="/tok"))  # fmt: skip
+    assert "--tokenizer-path /tok" in sglang and "--skip-tokenizer-init" not in sglang
+    with pytest.raises(ValueError, match="served_name: expected one name"):
+        engine_command("sglang", "py", tmp_path, 9, max_model_len=64, served_name=("a", "b"))
 
 
 def test_sglang_launch_draw_and_push_through_a_fake_sglang(tmp_path, policy):

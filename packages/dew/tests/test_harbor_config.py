@@ -100,8 +100,8 @@ BAD = [
     ("rollout", DELETE, "rollout.mode: source.kind harbor runs trials while the trainer"),
     ("rollout.engine", {"kind": "native"}, "rollout.engine.kind: source.kind harbor needs an "
      "engine behind the gateway (vllm or sglang at rollout.engine.url), got 'native'"),
-    ("rollout.engine.launch", {"port": 8000}, "rollout.engine.launch: source.kind harbor needs "
-     "a running engine"),
+    ("rollout.engine.launch", {"port": 8000}, "rollout.engine.launch.tokenizer: source.kind "
+     "harbor's agents send chats, which a launched engine renders with a tokenizer"),
     ("rollout.engine.publish", "nccl", "rollout.engine.publish: source.kind harbor pushes "
      "weights by reload, got 'nccl'"),
     ("data", {"path": "p.jsonl"}, "data: source.kind harbor draws task ids from source.tasks"),

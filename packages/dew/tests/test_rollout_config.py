@@ -53,6 +53,9 @@ BAD = [
     ({"mode": "async", "ahead": -1}, "rollout.ahead: expected an integer >= 0, got -1"),
     ({"mode": "async", "ahead": 2, "max_lag": 1}, "rollout.max_lag: expected an integer >= "),
     ({"mode": "async", "ahaed": 1}, "rollout.ahaed: unknown key; did you mean 'ahead'?"),
+    ({"mode": "async", "engine": {"kind": "vllm", "launch": {"tokenizer": "/no/such/dir"}}},
+     "rollout.engine.launch.tokenizer: expected null or a tokenizer directory, got "
+     "'/no/such/dir'"),
     ({"mode": "async", "engine": {"kind": "vllm"}}, "rollout.engine.url: a vllm engine takes "
      "exactly one of url"),
     ({"mode": "async", "engine": {"kind": "vllm", "url": "http://h:1", "directory": "/d",

@@ -21,6 +21,10 @@ that route 404. `stamp` posts it, and when the route is absent keeps the stamp i
 as the gateway runs beside the trainer). Either way the stamp is recorded only after the
 caller (`Publication`) saw every replica serve the version.
 
+An engine Dew starts itself joins the gateway through its admin routes (`add_worker`:
+`POST /admin/workers {"url", "api_path", "model_name"}`; `remove_worker`: `DELETE
+/admin/workers/<id>`), so the gateway may start with no worker at all.
+
 Named errors: `GatewayNotReady` (no healthy worker, a dead one, `/v1/models` failing
 through the gateway), `GatewayError` for a 500 or other failure answered by the gateway
 (with the worker health when the gateway answers its plain-text 500), `MalformedTrace`.
@@ -166,6 +170,23 @@ class Gateway:
             if time.monotonic() >= deadline:
                 raise GatewayNotReady(f"not ready after {timeout:g} s: {problem}", self.url)
             time.sleep(interval)
+
+    def add_worker(self, url: str, model_name: str) -> str:
+        """Route the gateway's calls to the engine at root `url` (its `/v1` API) serving
+        `model_name`; returns the worker id for `remove_worker`."""
+        answer = self._call("POST", "/admin/workers",
+                            {"url": url.rstrip("/"), "api_path": "/v1", "model_name": model_name})  # fmt: skip
+        worker = answer.get("worker_id") if isinstance(answer, dict) else None
+        if not isinstance(worker, str) or not worker:
+            raise GatewayError(
+                f"/admin/workers: expected an object with a 'worker_id', got {answer!r:.200}",
+                self.url,
+            )
+        return worker
+
+    def remove_worker(self, worker: str) -> None:
+        """Stop routing to the worker `add_worker` returned."""
+        self._call("DELETE", f"/admin/workers/{urllib.parse.quote(worker, safe='')}")
 
     def stamp(self, version: int) -> None:
         """Label calls arriving from now on with `version` (`POST /admin/weight_version`;

@@ -5,11 +5,17 @@ group ``dew.recipes`` (``dew.recipes.harbor_run``) and calls it with the checked
 ``source`` section (``dew.recipes.harbor_config.HarborConfig``) and ``rollout`` section. It
 builds, each closed through ``stack``:
 
-- the weight push: ``SafetensorsReload`` of the policy into ``rollout.engine.directory``,
-  reloaded by the engine at ``rollout.engine.url`` (whose ``config.json`` must match the
-  policy's shape), the policy pushed as version 0 before the first trial; an engine that
-  does not answer ``/v1/models`` is a ``ConfigError`` naming ``rollout.engine.url``, a
-  gateway that does not take the first stamp one naming ``source.gateway.url``;
+- the engine: the one running at ``rollout.engine.url`` (serving
+  ``rollout.engine.directory``, whose ``config.json`` must match the policy's shape; an
+  engine that does not answer ``/v1/models`` is a ``ConfigError`` naming
+  ``rollout.engine.url``), or one Dew launches (``rollout.engine.launch``) on the policy
+  written to ``RUN_DIR/engine/policy``, with ``launch.tokenizer`` to render chats, serving
+  the name the agents send (``source.model`` after any ``provider/`` prefix, and for vLLM
+  the whole ``source.model`` as an alias), added to the
+  gateway as a worker (``Gateway.add_worker``) and removed, then stopped, when the run ends;
+- the weight push: ``SafetensorsReload`` of the policy into that directory, the policy
+  pushed as version 0 before the first trial (a launched engine starts on it); a gateway
+  that does not take the first stamp is a ``ConfigError`` naming ``source.gateway.url``;
 - a ``SandboxProxy`` on ``source.sandbox_host`` in front of the gateway, and a ``Gateway``
   client whose agents' base URLs go through it;
 - ``Publication(reload, stamp=gateway.stamp)``: a version is stamped on the gateway only
@@ -28,6 +34,7 @@ import contextlib
 import dataclasses
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -37,6 +44,7 @@ from dew.rollout.engines import check_directory, served_name, served_policy
 from dew.rollout.gateway import Gateway, GatewayError
 from dew.rollout.harbor import HarborSource
 from dew.rollout.harbor_regrade import HarborRegrade
+from dew.rollout.launch import launch_engine
 from dew.rollout.proxy import SandboxProxy
 from dew.rollout.publication import Publication
 from dew.rollout.recipe import JOURNAL, _records, schedule_ahead
@@ -45,22 +53,47 @@ from dew.rollout.scheduler.scheduler import RolloutScheduler
 from dew.rollout.scheduler.tasks import task_ids
 
 
-def _publication(
-    model: Any, params: Any, engine: Any, gateway: Gateway, stack: contextlib.ExitStack
-) -> Publication:
-    """Pushes to the running engine, stamped on ``gateway``; the policy pushed as version 0."""
+def _launched(policy: Any, engine: Any, agent_model: str, gateway: Gateway, run_dir: str,
+              stack: contextlib.ExitStack) -> tuple[str, Path]:  # fmt: skip
+    """Launch the engine on ``policy`` serving what the agents ask for and route the gateway
+    to it. A ``provider/name`` model is served as ``name`` (what a LiteLLM agent sends) and,
+    by vLLM, also under the whole string (what an agent that does not strip it sends)."""
+    name = agent_model.split("/", 1)[-1]
+    names = (name, agent_model) if engine.kind == "vllm" and name != agent_model else (name,)
+    folder = Path(run_dir) / "engine" / "policy"
+    policy.save(folder, dtype="bfloat16")
+    root = launch_engine(engine.kind, folder, run_dir=run_dir, stack=stack, launch=engine.launch,
+                         max_model_len=policy.config.max_seq_len, dtype=policy.config.dtype,
+                         served_name=names)  # fmt: skip
+    try:
+        worker = gateway.add_worker(root, name)
+    except GatewayError as error:
+        raise ConfigError(f"source.gateway.url: expected a running rllm-model-gateway that "
+                          f"takes workers, got {gateway.url} ({error})") from None  # fmt: skip
+    stack.callback(gateway.remove_worker, worker)
+    return root, folder
+
+
+def _publication(model: Any, params: Any, engine: Any, gateway: Gateway, agent_model: str,
+                 run_dir: str, stack: contextlib.ExitStack) -> Publication:  # fmt: skip
+    """Pushes to the engine, stamped on ``gateway``; the policy is version 0."""
     policy = served_policy(model, params, engine.kind)
-    folder = check_directory(engine.directory, policy)
-    root = engine.url.rstrip("/")
-    client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
-    served_name(client, root)  # a running engine, or an error naming rollout.engine.url
+    if engine.url is None:
+        root, folder = _launched(policy, engine, agent_model, gateway, run_dir, stack)
+        client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+    else:
+        folder = check_directory(engine.directory, policy)
+        root = engine.url.rstrip("/")
+        client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+        served_name(client, root)  # a running engine, or an error naming rollout.engine.url
     reload = SafetensorsReload(policy, folder, [root], engine.kind, client=client)
     try:  # construction stamps version 0 on the gateway
         publication = Publication(reload, version=0, stamp=gateway.stamp)
     except GatewayError as error:
         raise ConfigError(f"source.gateway.url: expected a running rllm-model-gateway, got "
                           f"{gateway.url} ({error})") from None  # fmt: skip
-    publication.load(policy.variables, 0)
+    if engine.url is not None:  # a launched engine already serves the policy
+        publication.load(policy.variables, 0)
     return publication
 
 
@@ -88,7 +121,7 @@ def build_harbor_scheduler(
       objective: the ``GRPOObjective`` trained (rows ``width`` wide).
       model, params: the policy's decoder and its starting variables (pushed as version 0).
       source: the ``HarborConfig``; rollout: the ``RolloutConfig`` (``mode: async``, a vllm or
-        sglang engine at ``url``).
+        sglang engine at ``url`` or launched).
       tasks: task id -> Harbor task directory; trials: where trials are written.
       width: row width W; rows: rows N per step (tasks x groups x chains); groups: trials
         per task; estimator: the advantage estimator.
@@ -99,7 +132,8 @@ def build_harbor_scheduler(
     proxy = stack.enter_context(SandboxProxy(source.gateway.url, host=source.sandbox_host))
     gateway = Gateway(source.gateway.url, sandbox_url=proxy.url, timeout=source.gateway.timeout)
     stack.callback(gateway.close)
-    publication = _publication(model, params, rollout.engine, gateway, stack)
+    publication = _publication(model, params, rollout.engine, gateway, source.model, run_dir,
+                               stack)  # fmt: skip
     regrade = None
     if source.regrade is not None:
         regrade = HarborRegrade(**dataclasses.asdict(source.regrade))

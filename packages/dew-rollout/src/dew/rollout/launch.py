@@ -25,8 +25,10 @@ process's), `args` (extra CLI arguments), `cpus` (CPU ids, pinned with `taskset 
 None: no pinning), `devices` (the engine's `CUDA_VISIBLE_DEVICES`, None: inherited),
 `env` (extra environment variables), `port` (None: a free one; a port something listens
 on is refused), `ready_timeout` (seconds, default 600), `max_model_len` (None: the
-caller's default, the policy's `max_seq_len`). `JAX_PLATFORMS` is dropped from the
-engine's environment unless `env` sets it.
+caller's default, the policy's `max_seq_len`), `tokenizer` (a tokenizer directory: the
+engine loads it, `--tokenizer DIR` for vLLM and `--tokenizer-path DIR` for SGLang, in
+place of `--skip-tokenizer-init`, so it renders chats; needed behind a gateway whose agents
+send chats). `JAX_PLATFORMS` is dropped from the engine's environment unless `env` sets it.
 
 The engine's stdout and stderr are appended to `RUN_DIR/engine.log`, after a header line
 per launch. It runs under `engine_watch.py` in a process group of its own: the `stack`
@@ -104,10 +106,16 @@ def engine_command(
     *,
     max_model_len: int,
     dtype: str = "float32",
-    served_name: str = SERVED_NAME,
+    served_name: str | Sequence[str] = SERVED_NAME,
     args: Sequence[str] = (),
+    tokenizer: str | None = None,
 ) -> list[str]:
-    """The command line that starts a `kind` server on `directory` (module docstring)."""
+    """The command line that starts a `kind` server on `directory` (module docstring);
+    with `tokenizer` the server loads that tokenizer instead of skipping one. Several
+    `served_name`s are aliases of one model (vLLM takes them all; SGLang only one)."""
+    names = [served_name] if isinstance(served_name, str) else list(served_name)
+    if not names or (kind == "sglang" and len(names) > 1):
+        raise ValueError(f"served_name: expected one name (several for vllm), got {served_name!r}")
     if kind == "vllm":
         head = ["-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(directory),
                 "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs"]  # fmt: skip
@@ -116,7 +124,11 @@ def engine_command(
                 "--context-length", str(max_model_len)]  # fmt: skip
     else:
         raise ConfigError(f"rollout.engine.kind: expected one of {list(KINDS)}, got {kind!r}")
-    common = ["--served-model-name", served_name, "--skip-tokenizer-init", "--dtype", dtype,
+    if tokenizer is None:
+        text = ["--skip-tokenizer-init"]
+    else:
+        text = ["--tokenizer" if kind == "vllm" else "--tokenizer-path", os.fspath(tokenizer)]
+    common = ["--served-model-name", *names, *text, "--dtype", dtype,
               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     return [python, *head, *common, *args]
 
@@ -171,7 +183,7 @@ def launch_engine(
     launch: Mapping[str, Any] | None = None,
     max_model_len: int,
     dtype: str = "float32",
-    served_name: str = SERVED_NAME,
+    served_name: str | Sequence[str] = SERVED_NAME,
     grace: float = GRACE,
     args: Sequence[str] = (),
 ) -> str:
@@ -184,6 +196,7 @@ def launch_engine(
     command = engine_command(
         kind, settings.python or sys.executable, directory, port, served_name=served_name, dtype=dtype,
         max_model_len=settings.max_model_len or max_model_len, args=(*args, *settings.args),
+        tokenizer=settings.tokenizer,
     )  # fmt: skip
     if settings.cpus:
         command = ["taskset", "-c", ",".join(map(str, settings.cpus)), *command]

@@ -33,10 +33,12 @@ must declare ``[verifier] environment_mode = "separate"`` (``dew.rollout.harbor_
 
 Task ``i`` is the ``i``-th task directory of ``tasks`` in name order; batches draw task ids
 ``0..T-1``, each epoch its own permutation by ``run.seed``. The run needs
-``rollout.mode: async`` with a running ``vllm`` or ``sglang`` engine: ``rollout.engine.url``
-the server the gateway forwards to and ``directory`` the checkpoint it serves (weights are
-pushed by ``publish: reload``). Dew's own ``launch`` is refused: it starts engines without
-their tokenizer, so they cannot render the agents' chats. The run takes no ``data`` section
+``rollout.mode: async`` with a ``vllm`` or ``sglang`` engine behind the gateway, pushed by
+``publish: reload``: either running (``rollout.engine.url`` the server the gateway forwards
+to and ``directory`` the checkpoint it serves) or started by Dew (``launch``), which then
+needs ``launch.tokenizer``, the tokenizer directory the engine renders the agents' chats
+with. A launched engine serves the policy under the name the agents ask for
+(``source.model`` without a ``provider/`` prefix). The run takes no ``data`` section
 and no ``objective.reward`` (each task's verifier scores).
 
 ``harbor_section(mapping, kind)`` checks the section against the whole config mapping and
@@ -280,10 +282,11 @@ def _check_rest(mapping: Mapping[str, Any]) -> None:
         raise ConfigError(f"rollout.engine.kind: source.kind harbor needs an engine behind the "
                           f"gateway ({' or '.join(GATEWAY_ENGINES)} at rollout.engine.url), got "
                           f"{engine_kind!r}")  # fmt: skip
-    if engine.get("launch") is not None:
-        raise ConfigError("rollout.engine.launch: source.kind harbor needs a running engine "
-                          "that renders chats (url and directory); Dew launches engines "
-                          "without their tokenizer")  # fmt: skip
+    launch = engine.get("launch")
+    if isinstance(launch, Mapping) and launch.get("tokenizer") is None:
+        raise ConfigError("rollout.engine.launch.tokenizer: source.kind harbor's agents send "
+                          "chats, which a launched engine renders with a tokenizer; expected "
+                          "a tokenizer directory with a chat template, got none")  # fmt: skip
     if engine.get("publish", "reload") != "reload":
         raise ConfigError(f"rollout.engine.publish: source.kind harbor pushes weights by "
                           f"reload, got {engine.get('publish')!r}")  # fmt: skip

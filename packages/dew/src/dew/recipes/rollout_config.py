@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -104,6 +105,10 @@ class EngineLaunch:
       port: the port it listens on, on 127.0.0.1 (None: a free one).
       ready_timeout: seconds to wait for it to answer before the run fails (> 0).
       max_model_len: the longest row it serves (None: the engine's default).
+      tokenizer: a tokenizer directory (Hugging Face files, with a chat template for chat
+        requests) the engine loads, so it renders chats and text itself; None: it starts
+        without one (``--skip-tokenizer-init``) and takes token ids only, as Dew's own
+        requests are. Harbor's agents send chats, so a launched engine for them needs one.
     """
 
     python: str | None = None
@@ -114,6 +119,7 @@ class EngineLaunch:
     port: int | None = None
     ready_timeout: float = 600.0
     max_model_len: int | None = None
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         where = "rollout.engine.launch"
@@ -141,6 +147,12 @@ class EngineLaunch:
             raise ConfigError(f"{where}.port: expected null or a port 1..65535, got {self.port!r}")
         positive(self.ready_timeout, f"{where}.ready_timeout")
         _count(self.max_model_len, f"{where}.max_model_len", 1, optional=True)
+        if self.tokenizer is not None and not (
+            isinstance(self.tokenizer, str) and os.path.isdir(self.tokenizer)
+        ):
+            raise ConfigError(
+                f"{where}.tokenizer: expected null or a tokenizer directory, got {self.tokenizer!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
