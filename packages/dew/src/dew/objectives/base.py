@@ -67,6 +67,12 @@ class Objective(Protocol):
     Optional method ``reference_variables(variables)``: the part of the variables kept as the
     frozen reference (see the EMA rule above); the Trainer's init reads it.
 
+    Optional attribute ``frozen_collections``: names of variable collections the run never
+    changes (the frozen base of ``dew.objectives.lora.LoraObjective``); checkpoints leave them
+    out and a resumed state takes them from ``init``. With it, the optional method
+    ``frozen_identity(variables)`` returns a JSON-ready description of them (path, hash) that
+    checkpoints record and a resume must match (``dew.trainer.frozen``).
+
     Optional attribute ``token_fields``: the batch columns whose size counts as tokens for
     the ``tokens_per_s`` metric; the first one present in a batch is counted. Without it,
     ``TOKEN_FIELDS`` is used (``token_fields_of``).

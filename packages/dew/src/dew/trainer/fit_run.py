@@ -17,6 +17,7 @@ from dew.mesh import global_batch
 from dew.objectives.base import token_fields_of
 from dew.progress import Progress
 from dew.trainer import checkpoint as ckpt
+from dew.trainer import frozen
 from dew.trainer.state import TrainState
 from dew.trainer.tracker import Tracker
 
@@ -68,6 +69,7 @@ class FitRun:
     pending: tuple[int, Any] | None = None
     tokens: int = 0
     last_saved: int | None = None
+    frozen_identity: dict[str, Any] | None = None
     t_last: float = dataclasses.field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -88,15 +90,19 @@ class FitRun:
         """Checkpoint step ``number`` into the run directory, once, when there is one."""
         if self.run_dir is None or self.last_saved == number:
             return
+        objective = self.trainer.objective
+        if self.frozen_identity is None:  # frozen weights never change: described once
+            self.frozen_identity = frozen.identity(objective, self.state)
         ckpt.save(
             self.run_dir,
-            self.state,
+            frozen.without_frozen(self.state, frozen.frozen_names(objective)),
             step=number,
             position=self.position,
             keep=self.trainer.keep_checkpoints,
             extra={
                 "updates": int(jax.device_get(self.state.updates)),
                 **rollout_extra(self.trainer.rollout),
+                **self.frozen_identity,
             },
         )
         self.last_saved = number

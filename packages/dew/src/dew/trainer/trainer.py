@@ -24,6 +24,7 @@ from dew.objectives.base import (
 from dew.progress import Progress
 from dew.rollouts.protocol import Rollout
 from dew.trainer import checkpoint as ckpt
+from dew.trainer import frozen
 from dew.trainer.fit_run import FitRun, NonFiniteLossError
 from dew.trainer.signals import StopRequest, TrainingInterrupted
 from dew.trainer.state import TrainState
@@ -279,14 +280,21 @@ class Trainer:
         assert state is not None
         if run_dir is not None or resume_from is not None:
             run_dir = None if run_dir is None else os.fspath(run_dir)
-            n_leaves = len(jax.tree_util.tree_leaves(state))
+            names = frozen.frozen_names(self.objective)
+            saved = frozen.without_frozen(state, names)  # what a checkpoint holds
+            n_leaves = len(jax.tree_util.tree_leaves(saved))
             restored: ckpt.Restored | None
             if resume_from is not None:
                 restored = ckpt.load(resume_from, expected_leaves=n_leaves)
             else:
                 restored = ckpt.latest(run_dir or "", expected_leaves=n_leaves)
             if restored is not None:
-                state = ckpt.restore_into(state, self._shardings, restored)
+                expected = frozen.identity(self.objective, state)
+                frozen.check_identity(restored.path, restored.meta, expected)
+                shardings = frozen.without_frozen(self._shardings, names)
+                state = frozen.with_frozen(
+                    ckpt.restore_into(saved, shardings, restored), state, names
+                )
                 position = restored.position
                 saved = restored.meta.get("extra", {}).get("rollout")
                 load = getattr(self.rollout, "load_state_dict", None)

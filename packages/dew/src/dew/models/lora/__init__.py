@@ -18,6 +18,9 @@ the base parameters::
   in, which `dew.models.Pretrained` saves in the Hugging Face layout.
 * `apply_adapters`, `adapter_value_and_grad`: the forward pass and the
   frozen-base gradient (`apply`).
+* `LoraDecoder`: a decoder whose variables hold the adapter in `params` and
+  the frozen base in `base`, for training (`decoder`; the Trainer side is
+  `dew.objectives.lora.LoraObjective`).
 * `save_peft_adapter`, `load_peft_adapter`, `export_peft`: PEFT's
   `adapter_model.safetensors` and `adapter_config.json` (`peft_io`).
 
@@ -28,12 +31,16 @@ directions) is recorded by tools/parity_lora.py.
 from dew.models.lora.adapters import check_adapters, init_adapters, merge_adapters
 from dew.models.lora.apply import adapter_value_and_grad, apply_adapters
 from dew.models.lora.config import PROJECTIONS, LoraConfig
+from dew.models.lora.decoder import BASE, DROPOUT, LoraDecoder
 from dew.models.lora.peft_io import export_peft, load_peft_adapter, save_peft_adapter
 from dew.models.lora.targets import Target, select_targets
 
 __all__ = [
+    "BASE",
+    "DROPOUT",
     "PROJECTIONS",
     "LoraConfig",
+    "LoraDecoder",
     "Target",
     "adapter_value_and_grad",
     "apply_adapters",
