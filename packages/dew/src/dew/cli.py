@@ -73,7 +73,8 @@ def _default(kind: str, key: str) -> Any:
     section, name = key.split(".")
     classes = {"run": train_config.RunConfig, "model": builder.ModelConfig,
                "optimizer": builder.OptimizerConfig, "schedule": builder.ScheduleConfig,
-               "data": train_config.DATA[kind], "objective": train_config.OBJECTIVES[kind]}  # fmt: skip
+               "data": train_config.DATA[kind], "objective": train_config.OBJECTIVES[kind],
+               "lora": train_config.LoraSection}  # fmt: skip
     for field in dataclasses.fields(classes[section]):
         if field.name == name:
             return field.default

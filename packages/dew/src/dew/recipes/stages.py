@@ -126,9 +126,13 @@ def build_stage(
     reward: Callable[..., float] | None = None,
     decode: Callable[[Any], str] | None = None,
     where: str = "objective",
+    adapter: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any]:
     """The objective of a ``kind`` stage over rows of ``width`` ids (it predicts
     ``width - 1``), and its rollout (None unless GRPO or PPO, which need ``reward``).
+
+    ``adapter`` wraps the objective before its rollout is built (``LoraObjective``, from
+    ``dew.recipes.lora_config.adapter_wrapper``); PPO refuses one.
 
     ``options`` holds the kind's keys (``OPTION_KEYS``); a key left out takes the default, an
     unknown one is refused naming ``where``.
@@ -139,6 +143,9 @@ def build_stage(
         if key not in OPTION_KEYS[kind]:
             raise unknown_key(where, str(key), OPTION_KEYS[kind])
     o = dict(options)
+    if adapter is not None and kind not in ("lm", "sft", "dpo", "grpo"):
+        raise ConfigError(f"lora: expected no adapter for a {kind} stage, got one")
+    wrap = (lambda objective: objective) if adapter is None else adapter
     if kind == "ppo":
         return build_ppo(model, width, o, pretrained=pretrained, reward=reward, decode=decode,
                          where=where)  # fmt: skip
@@ -149,7 +156,7 @@ def build_stage(
         loss_role = None if kind == "lm" or o.get("all_tokens") else Role.ASSISTANT
         objective: Any = LMObjective(model, width - 1, pretrained=pretrained,
                                      loss_role=loss_role, ema_decay=o.get("ema_decay"))  # fmt: skip
-        return objective, None
+        return wrap(objective), None
     beta = o.get("beta")
     if kind == "dpo":
         from dew.objectives.rl.dpo import DPOObjective
@@ -161,7 +168,7 @@ def build_stage(
             pretrained=pretrained,
             nll_weight=o.get("nll_weight") or 0.0,
         )
-        return objective, None
+        return wrap(objective), None
     from dew.objectives.rl.grpo import GRPOObjective
     from dew.rollouts.sampled import SampledRollout
     from dew.sampling import Sampling
@@ -192,6 +199,7 @@ def build_stage(
         sampling_temperature=temperature,
         **loss.loss_options(),
     )
+    objective = wrap(objective)  # before the rollout, which samples from its model
     rollout = SampledRollout(
         objective,
         reward,

@@ -109,12 +109,18 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
             decode = tok.decode
             if options["eos_id"] is None and tok.special.get("eos_token"):
                 options["eos_id"] = tok.tokenizer.token_to_id(tok.special["eos_token"])
+    adapter = None
+    if config.lora is not None:
+        from dew.recipes.lora_config import adapter_wrapper
+
+        adapter = adapter_wrapper(config.lora, model, config.model.pretrained)
     objective, rollout = build_stage(config.kind, model, width, options, pretrained=pretrained,
-                                     reward=reward, decode=decode)  # fmt: skip
+                                     reward=reward, decode=decode, adapter=adapter)  # fmt: skip
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", vocab))
     evaluator = None
     if config.kind in RL_KINDS and config.data.val_path is not None and reward is not None:
-        evaluator = _held_out_reward(config, model, objective, reward, options["eos_id"])
+        sampler = model if config.lora is None else objective.model  # LoRA: the adapter's
+        evaluator = _held_out_reward(config, sampler, objective, reward, options["eos_id"])
     return Prepared(data=data, objective=objective, rollout=rollout, model=model, vocab_size=vocab,
                     evaluator=evaluator)  # fmt: skip
 
@@ -184,7 +190,7 @@ def resume_checkpoint(run_dir: str, spec: str | None) -> str | None:
     return path
 
 
-_SAME = ("kind", "model", "data", "source")
+_SAME = ("kind", "model", "data", "source", "lora")
 _MAY_CHANGE = ("val_path", "val_tokens", "val_batches", "journal")
 
 
@@ -286,11 +292,16 @@ def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack)
         from dew.recipes.async_run import finish
 
         finish(trainer, state, r.run_dir)
+    merged = None
+    if config.lora is not None:  # RUN_DIR/adapter, and the merged weights for run.export
+        from dew.recipes.lora_config import export_adapter
+
+        merged = export_adapter(prepared.objective, state, r.run_dir, r.export)
     if r.export:
         from dew import models
 
         family = None if config.model.pretrained else config.model.name
-        params = jax.device_get(state.params)
+        params = jax.device_get(state.params) if merged is None else merged
         policy_of = getattr(prepared.objective, "policy_variables", None)  # PPO: drop the critic
         params = params if policy_of is None else policy_of(params)
         models.Pretrained.from_model(prepared.model, params,

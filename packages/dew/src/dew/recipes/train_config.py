@@ -11,6 +11,7 @@ a kind of ``ASYNC_KINDS`` an eighth, ``rollout`` (``dew.recipes.rollout_config``
     data:      {path: chat.jsonl, tokenizer: tok, seq_len: 256}   LMData/SFTData/DPOData/GRPOData
     objective: {ema_decay: null}                            LMObjectiveConfig/DPO.../GRPO...
     rollout:   {mode: async, ahead: 1, engine: {kind: native}}   (grpo, ppo) RolloutConfig
+    lora:      {rank: 8, alpha: 16, targets: [q_proj, v_proj]}   dew.recipes.lora_config
     source:    {kind: environment, command: [...], tasks: 100}   (grpo, ppo) SourceConfig
 
 A ``source`` of kind ``environment`` (``dew.recipes.source_config``) replaces the ``data``
@@ -39,6 +40,7 @@ from dew.recipes.builder import (
     schedule_config,
 )
 from dew.recipes.harbor_config import HarborConfig, harbor_section
+from dew.recipes.lora_config import LoraSection, lora_section
 from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
@@ -53,7 +55,7 @@ RL_KINDS = ("grpo", "ppo")
 #: The kinds whose batches a ``rollout`` section may draw ahead (``dew.recipes.async_run``).
 ASYNC_KINDS = ("grpo", "ppo")
 SECTIONS = ("kind", "run", "model", "optimizer", "schedule", "data", "objective", "rollout",
-            "source")  # fmt: skip
+            "source", "lora")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,13 +253,16 @@ class TrainConfig:
     #: None: prompts from ``data``; a ``SourceConfig``: tool episodes; a ``HarborConfig``:
     #: Harbor trials (``data`` is None for both).
     source: SourceConfig | HarborConfig | None = None
+    #: None: every weight trains; a ``LoraSection``: an adapter on the frozen base.
+    lora: LoraSection | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The config as plain nested mappings (what ``RUN_DIR/config.json`` holds); a
         config of prompts has no ``source`` entry."""
         out = dataclasses.asdict(self)
-        if self.source is None:
-            del out["source"]
+        for name in ("source", "lora"):
+            if getattr(self, name) is None:
+                del out[name]
         return out
 
 
@@ -291,8 +296,16 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         data=None if source else section(DATA[kind], mapping.get("data"), "data"),
         objective=section(OBJECTIVES[kind], mapping.get("objective"), "objective"),
         source=source,
+        lora=lora_section(mapping.get("lora"), kind),
     )
     config = dataclasses.replace(config, rollout=_rollout(mapping, kind, config.objective))
+    if config.lora is not None and (
+        source is not None or getattr(config.rollout, "is_async", False)
+    ):
+        raise ConfigError(
+            "lora: expected prompts from data with rollout.mode sync (adapters "
+            "are not served to engines or tool workers yet), got another setup"
+        )
     kept = getattr(config.objective, "dynamic_sampling_groups", None)
     if kept is not None and kept > config.run.batch:
         raise ConfigError(f"objective.dynamic_sampling_groups: expected at most run.batch "

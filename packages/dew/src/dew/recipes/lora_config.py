@@ -1,0 +1,108 @@
+"""The ``lora`` section of a ``dew train`` config: train an adapter instead of every weight.
+
+::
+
+    lora: {rank: 8, alpha: 16, targets: [q_proj, v_proj], dropout: 0.05, rslora: false}
+
+``targets`` is a list of projection names (or name suffixes) or one regular expression
+over whole module names, as in PEFT (``dew.models.lora.LoraConfig``); a string of plain
+names separated by commas (``q_proj,v_proj``, or one name) is read as that list. The flags
+``--lora-rank``, ``--lora-alpha`` and ``--lora-targets`` (comma-separated names) set the
+same keys. With the section, the stage's objective is wrapped in
+``dew.objectives.lora.LoraObjective`` (the base frozen, the reference the adapter-off
+base); at the end the adapter is written to ``RUN_DIR/adapter`` in PEFT's layout, and
+``run.export`` receives the merged weights. ``dew train ppo`` refuses the section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from dew.recipes.schema import ConfigError, section
+
+_NAMES = re.compile(r"\s*[\w.]+\s*(,\s*[\w.]+\s*)*")
+#: The kinds whose objective trains an adapter.
+LORA_KINDS = ("lm", "sft", "dpo", "grpo")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """Rank, alpha, targets, dropout and rsLoRA of the adapter (``LoraConfig``'s fields)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    targets: Any = ("q_proj", "k_proj", "v_proj", "o_proj")
+    dropout: float = 0.0
+    rslora: bool = False
+
+    def __post_init__(self) -> None:
+        targets = self.targets
+        if isinstance(targets, str) and _NAMES.fullmatch(targets):  # "q_proj,v_proj"
+            targets = tuple(t.strip() for t in targets.split(","))
+        elif isinstance(targets, list | tuple):
+            targets = tuple(targets)
+        object.__setattr__(self, "targets", targets)
+        self.lora_config()
+
+    def lora_config(self) -> Any:
+        """The ``LoraConfig``; a bad value is a ``ConfigError`` naming ``lora.<key>``."""
+        from dew.models.lora import LoraConfig
+
+        try:
+            return LoraConfig(
+                rank=self.rank,
+                alpha=self.alpha,
+                targets=self.targets,
+                dropout=self.dropout,
+                rslora=self.rslora,
+            )
+        except ValueError as err:
+            raise ConfigError(f"lora.{err}") from None
+
+
+def lora_section(raw: Any, kind: str) -> LoraSection | None:
+    """The checked ``lora`` section, or None when the config has none."""
+    if raw is None:
+        return None
+    if kind not in LORA_KINDS:
+        raise ConfigError(
+            f"lora: expected no lora section for 'dew train {kind}' (only "
+            f"{', '.join(LORA_KINDS)} train adapters), got {dict(raw) if isinstance(raw, Mapping) else raw!r}"
+        )
+    return section(LoraSection, raw, "lora")
+
+
+def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any:
+    """``objective -> LoraObjective`` for ``build_stage``; errors name ``lora.<key>``."""
+    from dew.objectives.lora import LoraObjective
+
+    config = lora.lora_config()
+    try:
+        from dew.models.lora import select_targets
+
+        select_targets(model.config, config)
+    except ValueError as err:
+        raise ConfigError(f"lora.{err}") from None
+
+    def wrap(objective: Any) -> Any:
+        return LoraObjective(objective, config, base_path=base_path)
+
+    return wrap
+
+
+def export_adapter(objective: Any, state: Any, run_dir: str, export: str | None) -> Any:
+    """Write ``RUN_DIR/adapter`` (PEFT's layout) and, when ``export`` is set, return the
+    merged variables to save there (else None)."""
+    import jax
+
+    objective.save_adapter(os.path.join(run_dir, "adapter"), state.params)
+    if not export:
+        return None
+    return jax.device_get(objective.merged(state.params))
+
+
+__all__ = ["LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_section"]
