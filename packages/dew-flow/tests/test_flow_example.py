@@ -87,7 +87,34 @@ def test_the_config_example_paints_held_out_labels_red(tmp_path) -> None:
     assert after[0] - before[0] > margin, (before, after)
 
 
-def test_the_quickstart_raises_the_reward(tmp_path) -> None:
+def _png_pixels(path: pathlib.Path) -> tuple[int, int]:
+    """Width and height of an 8-bit RGB PNG whose chunks' CRCs hold and whose image data
+    inflates to exactly one filter byte and ``3 * width`` bytes per row."""
+    data = path.read_bytes()
+    width, height = _png_size(path)
+    assert data[24:26] == bytes([8, 2])  # bit depth 8, colour type RGB
+    at, idat, kinds = 8, b"", []
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 4], "big")
+        kind, body = data[at + 4 : at + 8], data[at + 8 : at + 8 + length]
+        assert zlib.crc32(kind + body) == int.from_bytes(
+            data[at + 8 + length : at + 12 + length], "big"
+        )
+        kinds.append(kind)
+        idat += body if kind == b"IDAT" else b""
+        at += 12 + length
+    assert kinds[0] == b"IHDR" and kinds[-1] == b"IEND" and b"IDAT" in kinds
+    assert len(zlib.decompress(idat)) == height * (1 + 3 * width)
+    return width, height
+
+
+def test_the_quickstart_raises_the_held_out_reward(tmp_path) -> None:
+    """The short quickstart raises the red share of the held-out labels (never rolled out) by
+    more than three standard errors of the paired change, and of the RL labels too. Measured
+    on an AMD EPYC (AVX2) with seeds 0, 1 and 2 the held-out change was 13.8, 52 and 7.9
+    standard errors, so the bound does not rest on one seed's draw (XLA's CPU kernels differ
+    between machines, which moves a run as a new seed would). The report holds an RGB grid of
+    the held-out samples, 8 columns and two rows per label (before, after), 48-pixel cells."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     program = "import sys; from dew.flow.quickstart import main; sys.exit(main())"
     proc = subprocess.run(
@@ -98,10 +125,17 @@ def test_the_quickstart_raises_the_reward(tmp_path) -> None:
     assert "mean red share before Flow-GRPO" in proc.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["complete"] and summary["updates"] == Settings.short().rl_steps
-    assert summary["rl_reward_after"] > summary["rl_reward_before"] + 0.005, summary
-    assert summary["held_out_reward_after"] > summary["held_out_reward_before"], summary
-    width, height = _png_size(tmp_path / "grid.png")
-    assert width > 8 * 16 * 3 and height > 4 * 16 * 3
+    for key in ("held_out", "rl"):
+        change, se = summary[f"{key}_change"], summary[f"{key}_change_se"]
+        assert change == pytest.approx(
+            summary[f"{key}_reward_after"] - summary[f"{key}_reward_before"]
+        )
+        assert se > 0 and change > 3 * se, (key, summary)
+    cell = shapes.SIZE * 3 + 2  # grid(): 3x upscaled images, 2-pixel gaps
+    assert _png_pixels(tmp_path / summary["grid"]) == (8 * cell + 2, 2 * len(HELD_OUT) * cell + 2)
+    report = (tmp_path / summary["report"]).read_text()
+    assert f"]({summary['grid']})" in report
+    assert f"{summary['held_out_change']:+.3f} | {summary['held_out_change_se']:.4f} |" in report
     for stage in ("pretrain", "flow_grpo"):
         lines = (tmp_path / stage / "metrics.jsonl").read_text().splitlines()
         assert lines and "loss" in json.loads(lines[-1])

@@ -2,11 +2,13 @@
 
 1. ``DiffusionObjective`` trains a small ``SimpleDiT`` on ``[16, 16, 3]`` shapes drawn in code
    (``dew.flow.shapes``), conditioned on a label that fixes shape and size; colours are random.
-2. The mean reward, the share of red pixels (``colour_fraction``), is measured on held-out
-   labels (never used by the RL stage) and on the RL labels, with fixed sampling keys.
-3. ``FlowGRPOObjective`` with a ``FlowRollout`` raises that reward on the RL labels.
-4. The same measurement again; a PNG grid of held-out samples before (top rows) and after
-   (bottom rows), and ``summary.json``, are written into the run directory.
+2. The reward, the share of red pixels (``colour_fraction``), is measured on held-out labels
+   (never used by the RL stage) and on the RL labels, with fixed sampling keys.
+3. ``FlowGRPOObjective`` with a ``FlowRollout`` raises that reward on the RL labels (a small
+   KL term to the pretrained policy keeps the shapes while they turn red).
+4. The same measurement again, with the same keys, so each sample's change is paired; the
+   mean change and its standard error, ``summary.json``, ``report.md`` and ``grid.png``
+   (held-out samples before, top rows, and after, bottom rows) go into the run directory.
 
 ``run(run_dir, settings)`` does it; ``main(argv)`` is the command line of
 ``dew quickstart --flow`` (found through the ``dew.quickstart`` entry point ``flow``).
@@ -18,6 +20,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -29,7 +32,7 @@ import optax
 
 from dew import Trainer
 from dew.data import Dataset
-from dew.files import write_json
+from dew.files import write_json, write_text
 from dew.flow import shapes
 from dew.flow.grpo import FlowGRPOObjective
 from dew.flow.inputs import Field, InputSpec
@@ -41,44 +44,47 @@ from dew.png import write_png
 
 RL_LABELS = (0, 1, 2, 3)  # squares and disks
 HELD_OUT = (4, 5)  # triangles: measured, never rolled out
+GRID = "grid.png"
+GRID_COLUMNS = 8
+GRID_LAYOUT = (
+    "held-out samples, one row per label and the same starting noise in each column: the top "
+    "rows before Flow-GRPO, the bottom rows after"
+)
+REPORT = "report.md"
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Sizes and step counts of one run (``short()`` is the test's version)."""
+    """Sizes and step counts of one run (``short()`` is the test's version).
+
+    ``pretrain_lr`` is the peak of a cosine decay to 5 % over ``pretrain_steps``;
+    ``noise_level`` is the SDE's ``a`` during rollouts, ``clip`` both clip ranges of the
+    ratio, ``beta`` the weight of the KL to the pretrained policy.
+    """
 
     seed: int = 0
-    emb_features: int = 48
-    num_layers: int = 2
+    emb_features: int = 64
+    num_layers: int = 1
     num_heads: int = 4
-    pretrain_steps: int = 600
-    pretrain_batch: int = 32
-    pretrain_lr: float = 2e-3
+    pretrain_steps: int = 1200
+    pretrain_batch: int = 24
+    pretrain_lr: float = 5e-3
     rl_steps: int = 24
-    rl_rows: int = 4
+    rl_rows: int = 8
     groups: int = 8
-    steps: int = 8
+    steps: int = 6
     train_steps: int | None = None
-    rl_lr: float = 3e-4
+    noise_level: float = 0.7
+    clip: float = 0.2
+    beta: float = 0.1
+    rl_lr: float = 1e-3
     eval_samples: int = 48
     colour: str = "red"
 
     @classmethod
     def short(cls, seed: int = 0) -> Settings:
-        """A cut-down run for tests."""
-        return cls(
-            seed=seed,
-            emb_features=32,
-            num_layers=1,
-            pretrain_steps=250,
-            pretrain_batch=24,
-            rl_steps=8,
-            rl_rows=4,
-            groups=6,
-            steps=6,
-            rl_lr=1e-3,
-            eval_samples=24,
-        )
+        """A cut-down run for tests: shorter stages, fewer samples, no KL term."""
+        return cls(seed=seed, pretrain_steps=500, rl_steps=16, beta=0.0, eval_samples=32)
 
     def scaled(self, factor: float) -> Settings:
         """Both stages' step counts times ``factor`` (at least one step each)."""
@@ -111,6 +117,32 @@ def _rl_batches(settings: Settings) -> Any:
     return train
 
 
+def rewards(
+    objective: Any,
+    variables: Any,
+    labels: Sequence[int],
+    settings: Settings,
+    generate: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Colour reward of ``eval_samples`` ODE samples per label (fixed keys), and the images.
+
+    Returns ``([len(labels) * eval_samples] rewards, [same, 16, 16, 3] images)``, label by
+    label. The keys depend only on the seed and the label, so two calls with different
+    ``variables`` score the same starting noises: their differences are paired.
+    generate: a jitted ``objective.generate`` (``steps`` static) shared between calls, so
+    it compiles once; None jits one for this call."""
+    scores, images = [], []
+    if generate is None:
+        generate = jax.jit(objective.generate, static_argnames=("steps",))
+    for label in labels:
+        batch = {"label": np.full((settings.eval_samples,), label, np.int32)}
+        key = jax.random.key(settings.seed * 1000 + 17 + label)
+        out = np.asarray(generate(variables, batch, key, steps=settings.steps))
+        scores.append(shapes.colour_fraction(out, settings.colour))
+        images.append(out)
+    return np.concatenate(scores), np.concatenate(images)
+
+
 def mean_reward(
     objective: Any,
     variables: Any,
@@ -118,99 +150,171 @@ def mean_reward(
     settings: Settings,
     generate: Any = None,
 ) -> tuple[float, np.ndarray]:
-    """Mean colour reward of ``eval_samples`` ODE samples per label (fixed keys), and images.
-
-    generate: a jitted ``objective.generate`` (``steps`` static) shared between calls, so
-    it compiles once; None jits one for this call."""
-    rewards, images = [], []
-    if generate is None:
-        generate = jax.jit(objective.generate, static_argnames=("steps",))
-    for label in labels:
-        batch = {"label": np.full((settings.eval_samples,), label, np.int32)}
-        key = jax.random.key(settings.seed * 1000 + 17 + label)
-        out = np.asarray(generate(variables, batch, key, steps=settings.steps))
-        rewards.append(shapes.colour_fraction(out, settings.colour))
-        images.append(out)
-    return float(np.mean(np.concatenate(rewards))), np.concatenate(images)
+    """Mean of :func:`rewards`, and the images."""
+    scores, images = rewards(objective, variables, labels, settings, generate)
+    return float(np.mean(scores)), images
 
 
-def run(run_dir: str, settings: Settings, progress: bool | None = None) -> dict[str, Any]:
-    """Train both stages in ``run_dir``; return (and write) the summary."""
-    t0 = time.perf_counter()
-    os.makedirs(run_dir, exist_ok=True)
+def paired_change(before: np.ndarray, after: np.ndarray) -> tuple[float, float]:
+    """``(mean of after - before, its standard error)`` over paired samples (ddof 1)."""
+    diff = np.asarray(after, np.float64) - np.asarray(before, np.float64)
+    return float(diff.mean()), float(diff.std(ddof=1) / math.sqrt(diff.size))
+
+
+def _parts(settings: Settings) -> tuple[Any, Any, InputSpec, dict[str, Any]]:
+    """The DiT, its process, the input spec and the label encoder of a run."""
     inputs = InputSpec(Field("image", (shapes.SIZE, shapes.SIZE, 3)), Field("label", (), "int32"))
     model = SimpleDiT(output_channels=3, patch_size=4, emb_features=settings.emb_features,
                       num_layers=settings.num_layers, num_heads=settings.num_heads, mlp_ratio=2)  # fmt: skip
     encoders = {"label": LabelEncoder(shapes.LABELS, settings.emb_features)}
-    process = Flow()()
-    key = jax.random.key(settings.seed)
+    return model, Flow(noise_level=settings.noise_level)(), inputs, encoders
 
-    pretrain = DiffusionObjective(model, process, inputs, encoders=encoders)
+
+def _pretrain(run_dir: str, settings: Settings, progress: bool | None) -> Any:
+    """Flow matching from a fresh initialisation; returns the variables (on the host)."""
+    model, process, inputs, encoders = _parts(settings)
+    objective = DiffusionObjective(model, process, inputs, encoders=encoders)
     data = Dataset(train=_pretrain_batches(settings), val=None, records=None,
                    batch=settings.pretrain_batch)  # fmt: skip
+    lr = optax.cosine_decay_schedule(settings.pretrain_lr, settings.pretrain_steps, alpha=0.05)
     print(f"[flow] flow matching: {settings.pretrain_steps} steps", flush=True)
-    start = time.perf_counter()
-    state = Trainer(pretrain, optax.adam(settings.pretrain_lr), key=key, progress=progress).fit(
-        data, settings.pretrain_steps, log_every=50, run_dir=os.path.join(run_dir, "pretrain")
-    )
-    pretrain_seconds = time.perf_counter() - start
-    pretrained = jax.device_get(state.params)
+    trainer = Trainer(objective, optax.adam(lr), key=jax.random.key(settings.seed),
+                      progress=progress)  # fmt: skip
+    state = trainer.fit(data, settings.pretrain_steps, log_every=50,
+                        run_dir=os.path.join(run_dir, "pretrain"))  # fmt: skip
+    return jax.device_get(state.params)
 
-    objective = FlowGRPOObjective(model, process, inputs, guidance=None, beta=0.0,
-                                  steps=settings.steps, encoders=encoders, pretrained=pretrained)  # fmt: skip
-    sample = jax.jit(objective.generate, static_argnames=("steps",))  # one compile for all four
-    held_before, held_images_before = mean_reward(objective, pretrained, HELD_OUT, settings, sample)
-    rl_before, _ = mean_reward(objective, pretrained, RL_LABELS, settings, sample)
-    print(f"[flow] mean {settings.colour} share before Flow-GRPO: held-out {held_before:.3f}, "
-          f"RL labels {rl_before:.3f}", flush=True)  # fmt: skip
+
+def _flow_grpo_objective(settings: Settings, pretrained: Any) -> FlowGRPOObjective:
+    model, process, inputs, encoders = _parts(settings)
+    return FlowGRPOObjective(model, process, inputs, guidance=None, beta=settings.beta,
+                             steps=settings.steps, encoders=encoders, pretrained=pretrained,
+                             epsilon_low=settings.clip, epsilon_high=settings.clip)  # fmt: skip
+
+
+def _flow_grpo(
+    run_dir: str, settings: Settings, objective: FlowGRPOObjective, progress: bool | None
+) -> tuple[Any, int]:
+    """Flow-GRPO on the RL labels; returns the final variables and the update count."""
 
     def reward(images: np.ndarray, batch: dict[str, np.ndarray]) -> np.ndarray:
         return shapes.colour_fraction(images, settings.colour)
 
     rollout = FlowRollout(objective, reward, groups=settings.groups, steps=settings.steps,
                           train_steps=settings.train_steps)  # fmt: skip
-    rl_data = Dataset(train=_rl_batches(settings), val=None, records=None, batch=settings.rl_rows)
+    data = Dataset(train=_rl_batches(settings), val=None, records=None, batch=settings.rl_rows)
     print(f"[flow] Flow-GRPO: {settings.rl_steps} updates", flush=True)
-    start = time.perf_counter()
-    rl_state = Trainer(objective, optax.adam(settings.rl_lr), key=jax.random.fold_in(key, 1),
-                       rollout=rollout, progress=progress).fit(
-        rl_data, settings.rl_steps, log_every=1, run_dir=os.path.join(run_dir, "flow_grpo")
-    )  # fmt: skip
-    rl_seconds = time.perf_counter() - start
-    final = jax.device_get(rl_state.params)
-    held_after, held_images_after = mean_reward(objective, final, HELD_OUT, settings, sample)
-    rl_after, _ = mean_reward(objective, final, RL_LABELS, settings, sample)
-    print(f"[flow] mean {settings.colour} share after Flow-GRPO:  held-out {held_after:.3f}, "
-          f"RL labels {rl_after:.3f}", flush=True)  # fmt: skip
+    key = jax.random.fold_in(jax.random.key(settings.seed), 1)
+    trainer = Trainer(objective, optax.adam(settings.rl_lr), key=key, rollout=rollout,
+                      progress=progress)  # fmt: skip
+    state = trainer.fit(data, settings.rl_steps, log_every=1,
+                        run_dir=os.path.join(run_dir, "flow_grpo"))  # fmt: skip
+    return jax.device_get(state.params), int(jax.device_get(state.updates))
 
-    shown = min(8, settings.eval_samples)
-    picks = [i * settings.eval_samples + j for i in range(len(HELD_OUT)) for j in range(shown)]
-    rows = [held_images_before[picks[k : k + shown]] for k in range(0, len(picks), shown)]
-    rows += [held_images_after[picks[k : k + shown]] for k in range(0, len(picks), shown)]
-    grid_path = os.path.join(run_dir, "grid.png")
-    write_png(grid_path, shapes.grid(rows))
+
+def _measure(objective: Any, variables: Any, settings: Settings, generate: Any, when: str) -> Any:
+    """Held-out and RL-label rewards (per sample) and the held-out images; prints the means."""
+    held, images = rewards(objective, variables, HELD_OUT, settings, generate)
+    trained, _ = rewards(objective, variables, RL_LABELS, settings, generate)
+    print(f"[flow] mean {settings.colour} share {when} Flow-GRPO:{' ' * (when == 'after')} "
+          f"held-out {held.mean():.3f}, RL labels {trained.mean():.3f}", flush=True)  # fmt: skip
+    return held, trained, images
+
+
+def _grid_rows(before: np.ndarray, after: np.ndarray, settings: Settings) -> list[np.ndarray]:
+    """The first ``GRID_COLUMNS`` samples of each held-out label, before then after."""
+    shown, n = min(GRID_COLUMNS, settings.eval_samples), settings.eval_samples
+    rows = [before[i * n : i * n + shown] for i in range(len(HELD_OUT))]
+    return rows + [after[i * n : i * n + shown] for i in range(len(HELD_OUT))]
+
+
+def run(run_dir: str, settings: Settings, progress: bool | None = None) -> dict[str, Any]:
+    """Train both stages in ``run_dir``; return (and write) the summary."""
+    t0 = time.perf_counter()
+    os.makedirs(run_dir, exist_ok=True)
+    pretrained = _pretrain(run_dir, settings, progress)
+    pretrain_seconds = time.perf_counter() - t0
+    objective = _flow_grpo_objective(settings, pretrained)
+    sample = jax.jit(objective.generate, static_argnames=("steps",))  # one compile for all four
+    held_before, rl_before, images_before = _measure(objective, pretrained, settings, sample,
+                                                     "before")  # fmt: skip
+    start = time.perf_counter()
+    final, updates = _flow_grpo(run_dir, settings, objective, progress)
+    rl_seconds = time.perf_counter() - start
+    held_after, rl_after, images_after = _measure(objective, final, settings, sample, "after")
+    write_png(os.path.join(run_dir, GRID), shapes.grid(_grid_rows(images_before, images_after,
+                                                                  settings)))  # fmt: skip
+    held_change, held_se = paired_change(held_before, held_after)
+    rl_change, rl_se = paired_change(rl_before, rl_after)
     summary = {
         "complete": True,
         "settings": dataclasses.asdict(settings),
         "reward": settings.colour,
         "held_out_labels": list(HELD_OUT),
         "rl_labels": list(RL_LABELS),
-        "held_out_reward_before": held_before,
-        "held_out_reward_after": held_after,
-        "rl_reward_before": rl_before,
-        "rl_reward_after": rl_after,
-        "updates": int(jax.device_get(rl_state.updates)),
+        "held_out_reward_before": float(held_before.mean()),
+        "held_out_reward_after": float(held_after.mean()),
+        "held_out_change": held_change,
+        "held_out_change_se": held_se,
+        "rl_reward_before": float(rl_before.mean()),
+        "rl_reward_after": float(rl_after.mean()),
+        "rl_change": rl_change,
+        "rl_change_se": rl_se,
+        "samples_per_label": settings.eval_samples,
+        "updates": updates,
         "pretrain_seconds": round(pretrain_seconds, 2),
         "flow_grpo_seconds": round(rl_seconds, 2),
         "seconds": round(time.perf_counter() - t0, 2),
-        "grid": os.path.basename(grid_path),
-        "grid_layout": "held-out samples: top rows before Flow-GRPO, bottom rows after",
+        "grid": GRID,
+        "grid_layout": GRID_LAYOUT,
+        "report": REPORT,
     }
-    write_json(
-        os.path.join(run_dir, "summary.json"), summary, indent=2, sort_keys=True, newline=True
-    )
-    print(f"[flow] summary: {os.path.join(run_dir, 'summary.json')}  grid: {grid_path}", flush=True)
+    _write_summary(run_dir, summary)
     return summary
+
+
+def _write_summary(run_dir: str, summary: dict[str, Any]) -> None:
+    """``summary.json`` and ``report.md`` (the numbers, and the grid shown inline)."""
+    write_json(os.path.join(run_dir, "summary.json"), summary, indent=2, sort_keys=True,
+               newline=True)  # fmt: skip
+    write_text(os.path.join(run_dir, REPORT), report_markdown(summary))
+    print(f"[flow] held-out {summary['reward']} share change "
+          f"{summary['held_out_change']:+.3f} (standard error {summary['held_out_change_se']:.3f}"
+          f"); report: {os.path.join(run_dir, REPORT)}", flush=True)  # fmt: skip
+
+
+def report_markdown(summary: dict[str, Any]) -> str:
+    """The markdown report of a finished run's ``summary``."""
+    colour, n = summary["reward"], summary["samples_per_label"]
+    lines = [
+        f"# Flow-GRPO quickstart: {colour} share",
+        "",
+        f"Mean share of {colour} pixels in {n} ODE samples per label (the same starting noises "
+        "before and after); the change is the mean of the paired differences, with its "
+        "standard error.",
+        "",
+        "| labels | before | after | change | standard error |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, key, labels in (("held-out", "held_out", "held_out_labels"),
+                              ("RL", "rl", "rl_labels")):  # fmt: skip
+        lines.append(
+            f"| {name} {summary[labels]} | {summary[f'{key}_reward_before']:.3f} | "
+            f"{summary[f'{key}_reward_after']:.3f} | {summary[f'{key}_change']:+.3f} | "
+            f"{summary[f'{key}_change_se']:.4f} |"
+        )
+    lines += [
+        "",
+        f"{summary['updates']} Flow-GRPO updates; flow matching took "
+        f"{summary['pretrain_seconds']:.0f} s, Flow-GRPO {summary['flow_grpo_seconds']:.0f} s, "
+        f"the whole run {summary['seconds']:.0f} s.",
+        "",
+        f"![held-out samples]({summary['grid']})",
+        "",
+        f"{summary['grid_layout']}.",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def quickstart(
@@ -254,4 +358,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["HELD_OUT", "RL_LABELS", "Settings", "main", "mean_reward", "quickstart", "run"]
+__all__ = [
+    "GRID",
+    "HELD_OUT",
+    "REPORT",
+    "RL_LABELS",
+    "Settings",
+    "main",
+    "mean_reward",
+    "paired_change",
+    "quickstart",
+    "report_markdown",
+    "rewards",
+    "run",
+]
