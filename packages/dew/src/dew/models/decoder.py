@@ -11,6 +11,14 @@ never see each other. Padding tokens attend to nothing real and their outputs
 are meaningless (finite, never NaN). With `config.sliding_window` W a token
 also ignores keys more than W - 1 tokens before it (counted in row indices,
 which inside one packed segment equal position differences).
+
+`causal=False` (a keyword of `__call__` and `hidden_states`) runs the same
+parameters bidirectionally, as masked diffusion needs: a token then attends to
+every token of its own segment, before and after it (with a sliding window W,
+to those fewer than W away on either side). Adding `block_size=S` makes it
+block-causal, as block diffusion needs: positions `k*S .. k*S+S-1` of a segment
+form block k, and a token sees its own block and every earlier one. Prefill and
+decoding stay causal.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
-from dew.models.layers import DecoderLayer, RMSNorm, visible
+from dew.models.layers import DecoderLayer, RMSNorm, block_causal, visible
 from dew.models.linear import Linear
 from dew.models.rope import inverse_frequencies, rotary_tables
 
@@ -56,6 +64,15 @@ def empty_cache(config: DecoderConfig, batch: int, capacity: int) -> KVCache:
     shape = (batch, config.kv_heads, capacity, config.width_per_head)
     zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.num_layers))
     return KVCache(zeros, tuple(jnp.zeros_like(z) for z in zeros), jnp.zeros((batch,), jnp.int32))
+
+
+def _check_block(causal: bool, block_size: Any) -> None:
+    if block_size is None:
+        return
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
+        raise ValueError(f"block_size: expected a positive int or None, got {block_size!r}")
+    if causal:
+        raise ValueError("block_size: block-causal attention needs causal=False")
 
 
 def _check_ids(name: str, value: Any, ndim: int) -> None:
@@ -120,7 +137,12 @@ class CausalTransformer(nn.Module):
         return logits
 
     def _forward(
-        self, input_ids: jax.Array, segment_ids: jax.Array | None, positions: jax.Array | None
+        self,
+        input_ids: jax.Array,
+        segment_ids: jax.Array | None,
+        positions: jax.Array | None,
+        causal: bool = True,
+        block_size: int | None = None,
     ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
         _check_ids("input_ids", input_ids, 2)
         b, t = input_ids.shape
@@ -141,13 +163,15 @@ class CausalTransformer(nn.Module):
                 )
         idx = jnp.arange(t)
         same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        seen = visible(idx[:, None], idx[None, :], self.config.sliding_window)
+        seen = visible(idx[:, None], idx[None, :], self.config.sliding_window, causal=causal)
         mask = same & (segment_ids[:, None, :] != 0) & seen[None]
+        if block_size is not None:
+            mask = mask & block_causal(positions[:, :, None], positions[:, None, :], block_size)
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
         kvs = []
         for layer in self.layers:
-            x, kv = layer(x, cos, sin, mask)
+            x, kv = layer(x, cos, sin, mask, causal, block_size)
             kvs.append(kv)
         return self.norm(x), kvs
 
@@ -160,14 +184,19 @@ class CausalTransformer(nn.Module):
         positions: jax.Array | None = None,
         *,
         return_hidden: bool = False,
+        causal: bool = True,
+        block_size: int | None = None,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """input_ids int `[B, T]` -> float32 logits `[B, T, V]`.
 
         segment_ids `[B, T]` (0 = padding) and positions `[B, T]` default to one
         segment per row with positions 0..T-1. With `return_hidden=True` returns
         `(logits, hidden)` where hidden `[B, T, D]` is the final normed state.
+        causal (static): False lets each token see its whole segment (bidirectional).
+        block_size (static, with causal=False): block-causal attention over positions.
         """
-        hidden, _ = self._forward(input_ids, segment_ids, positions)
+        _check_block(causal, block_size)
+        hidden, _ = self._forward(input_ids, segment_ids, positions, causal, block_size)
         logits = self.logits_from_hidden(hidden)
         if return_hidden:
             return logits, hidden
@@ -178,9 +207,13 @@ class CausalTransformer(nn.Module):
         input_ids: jax.Array,
         segment_ids: jax.Array | None = None,
         positions: jax.Array | None = None,
+        *,
+        causal: bool = True,
+        block_size: int | None = None,
     ) -> jax.Array:
         """Final normed hidden states `[B, T, D]` in the compute dtype (for value heads)."""
-        hidden, _ = self._forward(input_ids, segment_ids, positions)
+        _check_block(causal, block_size)
+        hidden, _ = self._forward(input_ids, segment_ids, positions, causal, block_size)
         return hidden
 
     def prefill(

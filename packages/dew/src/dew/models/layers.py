@@ -19,6 +19,12 @@ Both modes decide which keys a query may see with `visible`, the one place
 where causality and the optional sliding window (`config.sliding_window`) are
 spelled out; with a window, the whole-sequence mode also skips key blocks that
 lie entirely before every query of a chunk's window.
+
+The whole-sequence mode also runs bidirectionally (`causal=False`, for masked
+diffusion): the same parameters, every key of the segment visible, a sliding
+window then bounding the distance on both sides. With a block size as well it is
+block-causal (block diffusion): a token sees its own block and every earlier
+block of its segment (`block_causal`). The causal path is unchanged.
 """
 
 from __future__ import annotations
@@ -38,20 +44,63 @@ NEG_INF = float(jnp.finfo(jnp.float32).min)
 QUERY_CHUNK = 128
 
 
-def visible(query: jax.Array, key: jax.Array, window: int | None) -> jax.Array:
+def visible(
+    query: jax.Array, key: jax.Array, window: int | None, *, causal: bool = True
+) -> jax.Array:
     """Whether the query at index `query` may attend to the key at index `key`.
 
     Indices are token positions in the row (or cache slots) and broadcast
     against each other, e.g. `[T, 1]` with `[1, S]` gives `[T, S]`. Causal:
     key <= query. With a window W (a positive int) the key must also be one of
     the W most recent, query - W < key, so W = 1 keeps only the token itself
-    and W >= the sequence length is plain causal attention. Segment and padding
-    checks are left to the caller.
+    and W >= the sequence length is plain causal attention. Bidirectional
+    (`causal=False`): every key, or with a window W the keys less than W away
+    on either side, |key - query| < W. Segment and padding checks are left to
+    the caller.
     """
+    if not causal:
+        if window is None:
+            return jnp.ones(jnp.broadcast_shapes(jnp.shape(query), jnp.shape(key)), bool)
+        return (key > query - window) & (key < query + window)
     seen = key <= query
     if window is not None:
         seen = seen & (key > query - window)
     return seen
+
+
+def block_causal(query_pos: jax.Array, key_pos: jax.Array, size: int) -> jax.Array:
+    """Block-causal visibility: the key's block is the query's or an earlier one.
+
+    Positions (inside a segment, so packed documents start a block at their first token)
+    broadcast like `visible`'s indices; block `k` holds positions `k*size .. k*size+size-1`.
+    `size = 1` is plain causal attention, `size >= T` plain bidirectional attention.
+    """
+    return key_pos // size <= query_pos // size
+
+
+def key_span(
+    start: int,
+    end: int,
+    length: int,
+    window: int | None,
+    causal: bool,
+    block_size: int | None = None,
+) -> tuple[int, int]:
+    """The key indices `[low, high)` that queries `[start, end)` of a `length`-long row may see.
+
+    Causal: keys up to `end`, from `start - W + 1` with a window W. Bidirectional: the
+    whole row, or `[start - W + 1, end + W - 1)` clipped to it with a window; a block size
+    S also stops it at `end + S - 1` (a query's block ends at most S - 1 rows after it).
+    Keys outside the span are never visible (`visible`), so the attention skips them.
+    """
+    low = 0 if window is None else max(0, start - window + 1)
+    if causal:
+        return low, end
+    high = length
+    for reach in (window, block_size):
+        if reach is not None:
+            high = min(high, end + reach - 1)
+    return low, high
 
 
 def _dense(
@@ -125,12 +174,21 @@ class Attention(nn.Module):
         return scores * (dh**-0.5)
 
     def __call__(
-        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        mask: jax.Array,
+        causal: bool = True,
+        block_size: int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """x `[B, T, D]`, tables `[B, T, Dh]`, mask bool `[B, T, T]` (query, key).
 
-        The mask must already hold the causal and sliding-window rule (`visible`)
-        and the segment boundaries; keys outside a chunk's window are not read.
+        The mask must already hold the visibility rule (`visible`, with the same
+        `causal`, and `block_causal` for a block size) and the segment boundaries;
+        keys outside a chunk's span (`key_span`) are not read. causal (static):
+        False reads keys after the query too, for a mask built with
+        `visible(..., causal=False)`; block_size (static) bounds that reach.
         Returns the output `[B, T, D]` and the rotated keys and values
         `[B, T, KVH, Dh]`.
         """
@@ -144,11 +202,11 @@ class Attention(nn.Module):
         outputs = []
         for start in range(0, t, QUERY_CHUNK):
             end = min(start + QUERY_CHUNK, t)
-            low = 0 if window is None else max(0, start - window + 1)
-            scores = self._scores(q[:, start:end], keys[:, :, low:end])
-            block = mask[:, None, None, start:end, low:end]
+            low, high = key_span(start, end, t, window, causal, block_size)
+            scores = self._scores(q[:, start:end], keys[:, :, low:high])
+            block = mask[:, None, None, start:end, low:high]
             probs = jax.nn.softmax(jnp.where(block, scores, NEG_INF), axis=-1)
-            outputs.append(self._output(probs, values[:, :, low:end], b, end - start))
+            outputs.append(self._output(probs, values[:, :, low:high], b, end - start))
         out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
         return out, (k, v)
 
@@ -232,9 +290,15 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg)
 
     def __call__(
-        self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array
+        self,
+        x: jax.Array,
+        cos: jax.Array,
+        sin: jax.Array,
+        mask: jax.Array,
+        causal: bool = True,
+        block_size: int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, causal, block_size)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
