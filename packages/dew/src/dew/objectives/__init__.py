@@ -1,13 +1,16 @@
 """Objectives: what the Trainer minimises.
 
 ``Objective`` is the protocol (see ``dew.objectives.base``); ``LMObjective`` is the next-token
-loss for pretraining and SFT. The RL objectives live in ``dew.objectives.rl``.
+loss for pretraining and SFT; ``MaskedDiffusionObjective`` is MDLM's masked diffusion loss
+(its math in ``dew.objectives.diffusion``). The RL objectives live in ``dew.objectives.rl``.
 """
 
 from dew.lazy import lazy_exports
 from dew.objectives.base import Objective, validate_ema_decay
 
 # Lazy: lm imports dew.models, which may be absent early on.
-__getattr__, __dir__, _lazy = lazy_exports(__name__, {"LMObjective": ".lm"})
+__getattr__, __dir__, _lazy = lazy_exports(
+    __name__, {"LMObjective": ".lm", "MaskedDiffusionObjective": ".masked_diffusion"}
+)
 
-__all__ = ["LMObjective", "Objective", "validate_ema_decay"]
+__all__ = ["LMObjective", "MaskedDiffusionObjective", "Objective", "validate_ema_decay"]
