@@ -111,7 +111,7 @@ def _png_pixels(path: pathlib.Path) -> tuple[int, int]:
 def test_the_quickstart_raises_the_held_out_reward(tmp_path) -> None:
     """The short quickstart raises the red share of the held-out labels (never rolled out) by
     more than three standard errors of the paired change, and of the RL labels too. Measured
-    on an AMD EPYC (AVX2) with seeds 0, 1 and 2 the held-out change was 13.8, 52 and 7.9
+    on an AMD EPYC (AVX-512) with seeds 0, 1 and 2 the held-out change was 13.8, 52 and 7.9
     standard errors, so the bound does not rest on one seed's draw (XLA's CPU kernels differ
     between machines, which moves a run as a new seed would). The report holds an RGB grid of
     the held-out samples, 8 columns and two rows per label (before, after), 48-pixel cells."""
