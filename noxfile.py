@@ -20,7 +20,9 @@ TEST_TOOLS = ["pytest>=8.3", "hypothesis>=6.120", "pytest-xdist>=3.6"]
 #: Test files run on this many pytest-xdist workers (``DEW_TEST_WORKERS``; 1 runs them in one
 #: process). Most of a suite's time is XLA compiling on one core, so two workers use both
 #: cores of a CI machine. ``--dist loadfile`` keeps a file on one worker, so its
-#: module-scoped fixtures (a compiled step, a started engine) are built once.
+#: module-scoped fixtures (a compiled step, a started engine) are built once;
+#: tools/ci/xdist_order.py hands out the longest files first and keeps a few groups of files
+#: on one worker (the users of one started vLLM engine).
 WORKERS = os.environ.get("DEW_TEST_WORKERS", "2")
 #: Suites that stay in one process: dew-sandbox's tests look for leftovers machine-wide (any
 #: live process in the sandbox's uid range, any ``dew-sandbox-`` job directory), which a
@@ -65,7 +67,18 @@ def _parallel(package: str | None = None) -> list[str]:
         raise ValueError(f"DEW_TEST_WORKERS: expected a whole number of workers, got {WORKERS!r}")
     if package in SERIAL or int(WORKERS) < 2:
         return []
-    return ["-n", WORKERS, "--dist", "loadfile"]
+    return ["-n", WORKERS, "--dist", "loadfile", "-p", "xdist_order"]
+
+
+def _pytest(session: nox.Session, *args: str, package: str | None = None) -> None:
+    """pytest with the durations report and, for a parallel suite, the xdist options and the
+    ordering plugin (tools/ci/xdist_order.py, found through PYTHONPATH)."""
+    parallel = _parallel(package)
+    env = {}
+    if parallel:
+        paths = [str(ROOT / "tools" / "ci"), os.environ.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    session.run("pytest", *args, DURATIONS, *parallel, *session.posargs, env=env)
 
 
 def _workspace_deps(package: str) -> list[str]:
@@ -100,9 +113,7 @@ def tests(session: nox.Session, package: str) -> None:
     groups = ["--group", "test"] if "test" in meta.get("dependency-groups", {}) else []
     _sync(session, "--package", package, "--exact", *groups)
     session.install(*TEST_TOOLS)
-    session.run(
-        "pytest", f"packages/{package}/tests", DURATIONS, *_parallel(package), *session.posargs
-    )
+    _pytest(session, f"packages/{package}/tests", package=package)
 
 
 @nox.session
@@ -136,7 +147,7 @@ def parity(session: nox.Session) -> None:
     """Cross-package tests: import arrows, parity suites against recorded references."""
     _sync(session, "--all-packages", "--exact")
     session.install(*TEST_TOOLS)
-    session.run("pytest", "tests", DURATIONS, *_parallel(), *session.posargs)
+    _pytest(session, "tests")
 
 
 @nox.session
