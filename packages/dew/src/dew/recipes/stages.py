@@ -5,7 +5,9 @@ from the ``objective`` section) and ``dew chain`` / ``Recipe`` (``dew.recipes.ch
 options from a ``Stage``). Each passes a mapping of the kind's option keys:
 
 =========  =========================================================================
-lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``
+lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``;
+           lm also ``name`` (``next_token`` or ``masked_diffusion``), ``noise_schedule``,
+           ``mask_id``, ``real_tokens`` (``dew.recipes.diffusion_config``)
 dpo        ``beta`` (default 0.1), ``nll_weight`` (default 0)
 grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``, ``top_k``,
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
@@ -38,6 +40,7 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dew.recipes.diffusion_config import DIFFUSION_KEYS
 from dew.recipes.ppo_stage import PPO_KEYS, build_ppo
 from dew.recipes.schema import ConfigError, check_value, unknown_key
 from dew.recipes.shaping_config import SHAPING_KEYS, check_kl_reference, shaping_parts
@@ -108,7 +111,7 @@ LOSS_KEYS = tuple(f.name for f in dataclasses.fields(GRPOLoss))
 TUPLE_KEYS = ("behavior_importance", "sequence_mask", "geometric_mask")
 ROLLOUT_KEYS = ("groups", "max_new_tokens", "temperature", "top_k", "eos_id", "estimator")
 OPTION_KEYS = {
-    "lm": ("ema_decay",),
+    "lm": ("ema_decay", *DIFFUSION_KEYS),
     "sft": ("all_tokens", "ema_decay"),
     "dpo": ("beta", "nll_weight"),
     "grpo": ("beta", *ROLLOUT_KEYS, *LOSS_KEYS, *SHAPING_KEYS),
@@ -150,14 +153,9 @@ def build_stage(
         return build_ppo(model, width, o, pretrained=pretrained, reward=reward, decode=decode,
                          where=where)  # fmt: skip
     if kind in ("lm", "sft"):
-        from dew.data.chat import Role
-        from dew.objectives.lm import LMObjective
-
-        loss_role = None if kind == "lm" or o.get("all_tokens") else Role.ASSISTANT
-        objective: Any = LMObjective(model, width - 1, pretrained=pretrained,
-                                     loss_role=loss_role, ema_decay=o.get("ema_decay"))  # fmt: skip
-        return wrap(objective), None
+        return wrap(_token_objective(kind, model, width, o, pretrained, where)), None
     beta = o.get("beta")
+    objective: Any
     if kind == "dpo":
         from dew.objectives.rl.dpo import DPOObjective
 
@@ -215,6 +213,27 @@ def build_stage(
         **shaping,
     )
     return objective, rollout
+
+
+def _token_objective(
+    kind: str, model: Any, width: int, o: Mapping[str, Any], pretrained: Any, where: str
+) -> Any:
+    """The objective of an ``lm`` or ``sft`` stage: ``LMObjective``, or (``lm`` with
+    ``name: masked_diffusion``) ``MaskedDiffusionObjective``."""
+    name = o.get("name", "next_token")
+    if name != "next_token":
+        from dew.recipes.diffusion_config import build_masked_diffusion
+
+        if name != "masked_diffusion":
+            raise ConfigError(f"{where}.name: expected next_token or masked_diffusion, "
+                              f"got {name!r}")  # fmt: skip
+        return build_masked_diffusion(model, width, o, pretrained=pretrained, where=where)
+    from dew.data.chat import Role
+    from dew.objectives.lm import LMObjective
+
+    loss_role = None if kind == "lm" or o.get("all_tokens") else Role.ASSISTANT
+    return LMObjective(model, width - 1, pretrained=pretrained, loss_role=loss_role,
+                       ema_decay=o.get("ema_decay"))  # fmt: skip
 
 
 __all__ = ["DEFAULT_DPO_BETA", "DEFAULT_GRPO_BETA", "GRPOLoss", "KINDS", "LOSS_KEYS",

@@ -35,9 +35,9 @@ from dew.files import atomic_write
 from dew.recipes.builder import build_model, build_optimizer
 from dew.recipes.references import make_reward
 from dew.recipes.schema import ConfigError
-from dew.recipes.stages import build_stage
+from dew.recipes.stages import OPTION_KEYS, build_stage
 from dew.recipes.train_config import RL_KINDS, TrainConfig
-from dew.recipes.train_data import generation_room, on_path, read_data
+from dew.recipes.train_data import generation_room, on_path, read_data, token_count
 
 
 @dataclass
@@ -85,16 +85,20 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
         prompt, new = config.data.max_prompt_len, config.objective.max_new_tokens
         why = (f"data.max_prompt_len {prompt} + objective.max_new_tokens {new} need ({room}; "
                "sampling pads each to a power of two, at least 16)")  # fmt: skip
-    model, pretrained = build_model(
-        config.model, vocab_size=vocab, max_seq_len=room, length_from=why
-    )
     options = {
         k: v
         for k, v in dataclasses.asdict(config.objective).items()
         if k not in ("reward", "reward_args")
     }
-    if config.kind == "lm":
-        options.pop("all_tokens")
+    if config.kind in ("lm", "sft"):  # the keys of the other kind keep their defaults
+        options = {k: v for k, v in options.items() if k in OPTION_KEYS[config.kind]}
+    if options.get("name") == "masked_diffusion":  # the mask id takes a row of its own
+        from dew.recipes.diffusion_config import fill_diffusion_ids
+
+        vocab = fill_diffusion_ids(config, options, vocab, token_count(config))
+    model, pretrained = build_model(
+        config.model, vocab_size=vocab, max_seq_len=room, length_from=why
+    )
     reward: Callable[..., float] | None = None
     decode: Callable[[Any], str] | None = None
     if config.kind in RL_KINDS:

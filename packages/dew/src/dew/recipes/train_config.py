@@ -39,6 +39,7 @@ from dew.recipes.builder import (
     optimizer_config,
     schedule_config,
 )
+from dew.recipes.diffusion_config import DIFFUSION_KEYS, check_diffusion
 from dew.recipes.harbor_config import HarborConfig, harbor_section
 from dew.recipes.lora_config import LoraSection, lora_section
 from dew.recipes.ppo_stage import PPOObjectiveConfig
@@ -168,12 +169,19 @@ class GRPOData:
 @dataclasses.dataclass(frozen=True)
 class LMObjectiveConfig:
     """``ema_decay``: keep a moving average of the weights; ``all_tokens`` (SFT): count every
-    token in the loss, not only the assistant's."""
+    token in the loss, not only the assistant's; ``name`` (LM), ``noise_schedule``,
+    ``mask_id``, ``real_tokens``: the loss and its masked-diffusion keys
+    (``dew.recipes.diffusion_config``)."""
 
     ema_decay: float | None = None
     all_tokens: bool = False
+    name: Literal["next_token", "masked_diffusion"] = "next_token"
+    noise_schedule: Literal["loglinear", "cosine"] = "loglinear"
+    mask_id: int | None = None
+    real_tokens: int | None = None
 
     def __post_init__(self) -> None:
+        check_diffusion(self)
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ConfigError(
                 f"objective.ema_decay: expected a number in (0, 1), got {self.ema_decay!r}"
@@ -277,10 +285,13 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         raise ConfigError(
             f"kind: the config is for {mapping['kind']!r} but the command is 'dew train {kind}'"
         )
-    if kind == "lm":
-        objective = mapping.get("objective") or {}
-        if isinstance(objective, Mapping) and objective.get("all_tokens"):
-            raise ConfigError("objective.all_tokens: only 'dew train sft' takes it")
+    objective = mapping.get("objective") or {}
+    if kind in ("lm", "sft") and isinstance(objective, Mapping):
+        only = {"all_tokens": "sft", **dict.fromkeys(DIFFUSION_KEYS, "lm")}
+        unset = {f.name: f.default for f in dataclasses.fields(LMObjectiveConfig)}
+        for key in (k for k in objective if only.get(k, kind) != kind):
+            if objective[key] != unset[key]:
+                raise ConfigError(f"objective.{key}: only 'dew train {only[key]}' takes it")
     raw = mapping.get("source")
     source: SourceConfig | HarborConfig | None
     if isinstance(raw, Mapping) and raw.get("kind") == "harbor":

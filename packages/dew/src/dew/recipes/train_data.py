@@ -56,6 +56,15 @@ def check_token_ids(path: str, dtype: str, vocab: int | None, where: str) -> int
     return vocab
 
 
+def token_count(config: TrainConfig) -> int:
+    """The largest id of ``data.tokens`` and ``data.val_tokens`` plus one."""
+    d = config.data
+    count = check_token_ids(d.tokens, d.token_dtype, None, "data.tokens")
+    if d.val_tokens is not None:
+        count = max(count, check_token_ids(d.val_tokens, d.token_dtype, None, "data.val_tokens"))
+    return count
+
+
 def _lm_data(config: TrainConfig) -> tuple[Any, int, int]:
     from dew.data import TokenFile
 
@@ -178,4 +187,4 @@ def read_data(config: TrainConfig) -> tuple[Any, int, int]:
     return readers[config.kind](config)
 
 
-__all__ = ["generation_room", "on_path", "read_data", "reward_object"]
+__all__ = ["generation_room", "on_path", "read_data", "reward_object", "token_count"]
