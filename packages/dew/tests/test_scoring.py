@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from dew.objectives import scoring
 
@@ -158,3 +160,18 @@ def test_the_spec_paths_name_the_objects_of_their_rooms() -> None:
     sampled = importlib.import_module("dew.rollouts.sampled")
     assert rl.SampledRollout is sampled.SampledRollout
     assert set(sessions.__all__) >= set(SPEC_SESSION_NAMES)
+
+
+def test_check_text_batch_names_the_objective_and_the_field():
+    good = {"text": jnp.zeros((2, 5), jnp.int32), "text_segment_ids": jnp.ones((2, 5), jnp.int32)}
+    scoring.check_text_batch(good, "LMObjective", 5, ("text", "text_segment_ids"))
+    with pytest.raises(
+        KeyError, match=re.escape("LMObjective needs a 'text' field, got ['tokens']")
+    ):
+        scoring.check_text_batch({"tokens": good["text"]}, "LMObjective", 5, ("text",))
+    bad = {"text": good["text"], "text_segment_ids": jnp.ones((2, 4), jnp.int32)}
+    message = "batch['text_segment_ids']: expected shape [B, 5] (seq_len + 1), got (2, 4)"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        scoring.check_text_batch(bad, "X", 5, ("text", "text_segment_ids"))
+    # Fields outside the checked list are not the checker's business.
+    scoring.check_text_batch(bad, "X", 5, ("text",))

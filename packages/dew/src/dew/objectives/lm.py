@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from dew.objectives.base import initial_variables, validate_ema_decay, validate_pretrained
 from dew.objectives.scoring import (
+    check_text_batch,
     nll_sums,
     positions_from_segments,
     same_chain,
@@ -79,15 +80,12 @@ class LMObjective:
         return initial_variables(self.model, self.pretrained, key, self.seq_len)
 
     def _check(self, batch: dict[str, jax.Array]) -> None:
-        if "text" not in batch:
-            raise KeyError(f"batch: LMObjective needs a 'text' field, got {sorted(batch)}")
-        want = self.seq_len + 1
-        for name in ("text", "text_segment_ids", "text_positions", "text_roles"):
-            if name in batch and (batch[name].ndim != 2 or batch[name].shape[1] != want):
-                raise ValueError(
-                    f"batch[{name!r}]: expected shape [B, {want}] (seq_len + 1), "
-                    f"got {tuple(batch[name].shape)}"
-                )
+        check_text_batch(
+            batch,
+            "LMObjective",
+            self.seq_len + 1,
+            ("text", "text_segment_ids", "text_positions", "text_roles"),
+        )
         if self.loss_role is not None and "text_roles" not in batch:
             raise KeyError(
                 f"batch: loss_role={self.loss_role} needs a 'text_roles' field, got {sorted(batch)}"

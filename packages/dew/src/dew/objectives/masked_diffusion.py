@@ -42,7 +42,7 @@ from dew.objectives.diffusion import (
     sample_times,
     schedule_named,
 )
-from dew.objectives.scoring import positions_from_segments
+from dew.objectives.scoring import check_text_batch, positions_from_segments
 
 LN2 = math.log(2.0)
 
@@ -119,16 +119,12 @@ class MaskedDiffusionObjective:
         return initial_variables(self.model, self.pretrained, key, self.seq_len)
 
     def _check(self, batch: dict[str, jax.Array]) -> None:
-        if "text" not in batch:
-            raise KeyError(
-                f"batch: MaskedDiffusionObjective needs a 'text' field, got {sorted(batch)}"
-            )
-        for name in ("text", "text_segment_ids", "text_positions"):
-            if name in batch and (batch[name].ndim != 2 or batch[name].shape[1] != self.width):
-                raise ValueError(
-                    f"batch[{name!r}]: expected shape [B, {self.width}] (seq_len + 1), "
-                    f"got {tuple(batch[name].shape)}"
-                )
+        check_text_batch(
+            batch,
+            "MaskedDiffusionObjective",
+            self.width,
+            ("text", "text_segment_ids", "text_positions"),
+        )
 
     def token_losses(
         self, variables: Any, batch: dict[str, jax.Array], key: jax.Array

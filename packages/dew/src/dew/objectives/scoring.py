@@ -103,6 +103,24 @@ def nll_sums(nll: jax.Array, correct: jax.Array, mask: jax.Array) -> dict[str, j
     }
 
 
+def check_text_batch(
+    batch: Mapping[str, jax.Array], owner: str, width: int, fields: tuple[str, ...]
+) -> None:
+    """Check a token-file batch: a ``text`` field, and each of ``fields`` present ``[B, width]``.
+
+    owner names the objective in the error (``batch: LMObjective needs a 'text' field``);
+    width is ``seq_len + 1`` for the objectives that read ``TokenFile`` rows.
+    """
+    if "text" not in batch:
+        raise KeyError(f"batch: {owner} needs a 'text' field, got {sorted(batch)}")
+    for name in fields:
+        if name in batch and (batch[name].ndim != 2 or batch[name].shape[1] != width):
+            raise ValueError(
+                f"batch[{name!r}]: expected shape [B, {width}] (seq_len + 1), "
+                f"got {tuple(batch[name].shape)}"
+            )
+
+
 def same_chain(segment_ids: jax.Array) -> jax.Array:
     """``[B, T - 1]`` bool: target ``t + 1`` shares input ``t``'s segment and is not padding.
 
