@@ -10,7 +10,10 @@ sample at a time on a worker thread, for ``RolloutScheduler``):
   reduced to what the batch keeps; ``compiled_draw(objective, steps, selected)`` is it jitted
   with the first three bound, one compiled function per objective and grid (shared by every
   rollout and source of that objective);
-- ``check_scores(value, n)``: a reward's output as ``[n]`` finite float64, or ``RewardError``.
+- ``check_flow_parts(objective, reward)``: the construction checks both share (the objective
+  has a Flow-GRPO objective's members, the reward is callable);
+- ``score(reward, images, fields)``: the reward called once, what it raises turned into
+  ``RewardError``, its output checked by ``check_scores(value, n)`` (``[n]`` finite float64).
 """
 
 from __future__ import annotations
@@ -114,4 +117,36 @@ def check_scores(value: Any, n: int) -> np.ndarray:
     return scores
 
 
-__all__ = ["RewardError", "check_scores", "compiled_draw", "draw", "trained_transitions"]
+def check_flow_parts(objective: Any, reward: Any) -> None:
+    """TypeError unless ``objective`` has a Flow-GRPO objective's members and ``reward`` is callable."""
+    for name in ("trajectory", "log_densities", "inputs", "to_pixels"):
+        if not hasattr(objective, name):
+            raise TypeError(f"objective: expected a FlowGRPOObjective, it has no {name!r}")
+    if not callable(reward):
+        raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
+
+
+def score(
+    reward: Callable[..., Any], images: np.ndarray, fields: dict[str, np.ndarray]
+) -> np.ndarray:
+    """``reward(images, fields)`` as ``[N]`` finite float64 scores (``N = images.shape[0]``).
+
+    Whatever the reward raises comes back as ``RewardError`` naming the exception, so a
+    broken reward reaches the trainer as one kind of error wherever it was called.
+    """
+    try:
+        value = reward(images, fields)
+    except Exception as err:
+        raise RewardError(f"reward: raised {type(err).__name__}: {err}") from err
+    return check_scores(value, images.shape[0])
+
+
+__all__ = [
+    "RewardError",
+    "check_flow_parts",
+    "check_scores",
+    "compiled_draw",
+    "draw",
+    "score",
+    "trained_transitions",
+]

@@ -36,7 +36,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 import dew.rl as rl
-from dew.flow.draws import RewardError, check_scores, compiled_draw, trained_transitions
+from dew.flow.draws import check_flow_parts, compiled_draw, score, trained_transitions
 from dew.sessions import on_host_x64
 
 Reward = Callable[[np.ndarray, dict[str, np.ndarray]], Any]
@@ -89,11 +89,7 @@ class FlowRollout:
             raise ValueError(
                 f"groups: expected an integer >= 2 (a group of one has no baseline), got {groups!r}"
             )
-        if not callable(reward):
-            raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
-        for name in ("trajectory", "log_densities", "inputs", "to_pixels"):
-            if not hasattr(objective, name):
-                raise TypeError(f"objective: expected a FlowGRPOObjective, it has no {name!r}")
+        check_flow_parts(objective, reward)
         self.objective = objective
         self.reward = reward
         self.groups = groups
@@ -106,22 +102,16 @@ class FlowRollout:
         self.last_rewards: np.ndarray | None = None
         self.last_timings: dict[str, float] = {}
 
-    def _score(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
-        try:
-            value = self.reward(images, repeated)
-        except Exception as err:
-            raise RewardError(f"reward: raised {type(err).__name__}: {err}") from err
-        return check_scores(value, images.shape[0])
-
     def _rewards(self, images: np.ndarray, repeated: dict[str, np.ndarray]) -> np.ndarray:
         """Score on process 0 with every process's images; each process gets its own rows."""
         count = jax.process_count()
         if count == 1:
-            return self._score(images, repeated)
+            return score(self.reward, images, repeated)
         everything = multihost_utils.process_allgather({"images": images, **repeated}, tiled=True)
         n = images.shape[0]
         if jax.process_index() == 0:
-            scores = self._score(
+            scores = score(
+                self.reward,
                 np.asarray(everything.pop("images")),
                 {k: np.asarray(v) for k, v in everything.items()},
             )

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from dew.flow.draws import RewardError, check_scores, compiled_draw, trained_transitions
+from dew.flow.draws import check_flow_parts, compiled_draw, score, trained_transitions
 from dew.sessions.records import Session, Task
 
 
@@ -53,11 +53,7 @@ class FlowSource:
         steps: int | None = None,
         train_steps: int | None = None,
     ) -> None:
-        for name in ("trajectory", "log_densities", "inputs", "to_pixels"):
-            if not hasattr(objective, name):
-                raise TypeError(f"objective: expected a FlowGRPOObjective, it has no {name!r}")
-        if not callable(reward):
-            raise TypeError(f"reward: expected a callable, got {type(reward).__name__}")
+        check_flow_parts(objective, reward)
         self.objective = objective
         self.reward = reward
         self.steps = objective.steps if steps is None else steps
@@ -151,14 +147,10 @@ class FlowSource:
         keys = jax.random.split(jax.random.key(np.uint32(seed)), 1)
         out = jax.device_get(self._draw(variables, obj.fields(fields), keys))
         images = np.asarray(out.pop("images"), np.float32)
-        try:
-            value = self.reward(images, fields)
-        except Exception as err:
-            raise RewardError(f"reward: raised {type(err).__name__}: {err}") from err
-        score = check_scores(value, 1)[0]
+        reward = score(self.reward, images, fields)[0]
         payload = {name: np.asarray(v)[0] for name, v in out.items()}
         payload.update({name: v[0] for name, v in obj.fields(fields).items()})
-        return Session(task=task.id, reward=float(score), version=version, payload=payload)
+        return Session(task=task.id, reward=float(reward), version=version, payload=payload)
 
 
 __all__ = ["FlowSource"]
