@@ -78,13 +78,14 @@ def _publication(model: Any, params: Any, engine: Any, gateway: Gateway, agent_m
                  run_dir: str, stack: contextlib.ExitStack) -> Publication:  # fmt: skip
     """Pushes to the engine, stamped on ``gateway``; the policy is version 0."""
     policy = served_policy(model, params, engine.kind)
-    if engine.url is None:
+    launched = engine.url is None  # else a running engine, which Dew never starts or stops
+    if launched:
         root, folder = _launched(policy, engine, agent_model, gateway, run_dir, stack)
-        client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
     else:
         folder = check_directory(engine.directory, policy)
         root = engine.url.rstrip("/")
-        client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+    client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
+    if not launched:
         served_name(client, root)  # a running engine, or an error naming rollout.engine.url
     reload = SafetensorsReload(policy, folder, [root], engine.kind, client=client)
     try:  # construction stamps version 0 on the gateway
@@ -92,7 +93,7 @@ def _publication(model: Any, params: Any, engine: Any, gateway: Gateway, agent_m
     except GatewayError as error:
         raise ConfigError(f"source.gateway.url: expected a running rllm-model-gateway, got "
                           f"{gateway.url} ({error})") from None  # fmt: skip
-    if engine.url is not None:  # a launched engine already serves the policy
+    if not launched:  # a launched engine already serves the policy it started with
         publication.load(policy.variables, 0)
     return publication
 
