@@ -32,7 +32,6 @@ PPO on tool episodes as ``dew train`` does (``dew.recipes.environment_run``). A
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,16 +41,12 @@ from typing import Any
 import jax
 
 from dew.checks import is_int
-from dew.data.chat import ChatMessages
-from dew.data.preference import PreferencePairs
-from dew.data.prompts import Prompts
-from dew.data.tokens import TokenFile
+from dew.recipes.chain_checks import PPO_ONLY, check_stage
+from dew.recipes.chain_parts import stage_parts, stage_seed
 from dew.recipes.flow_stage import FlowStage
-from dew.recipes.ppo_stage import PPO_KEYS, checked_options
-from dew.recipes.rollout_config import RolloutConfig
-from dew.recipes.shaping_config import SHAPING_KEYS, RewardShapingOptions, shaping_parts
-from dew.recipes.stages import LOSS_KEYS, GRPOLoss, build_stage
-from dew.sessions.advantages import check_estimator
+from dew.recipes.ppo_stage import PPO_KEYS
+from dew.recipes.shaping_config import SHAPING_KEYS, RewardShapingOptions
+from dew.recipes.stages import LOSS_KEYS, GRPOLoss
 
 
 @dataclass(frozen=True)
@@ -121,102 +116,7 @@ class Stage(GRPOLoss, RewardShapingOptions):
     source: Any = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or self.name in ("", ".", "..") or os.sep in self.name:
-            raise ValueError(f"Stage.name: expected a plain directory name, got {self.name!r}")
-        if self.source is not None:
-            from dew.recipes.source_config import check_source_stage
-
-            check_source_stage(self)
-        elif not isinstance(self.data, ChatMessages | PreferencePairs | Prompts | TokenFile):
-            raise TypeError(
-                f"Stage.data ({self.name}): expected ChatMessages, PreferencePairs, Prompts or "
-                f"TokenFile, got {type(self.data).__name__}"
-            )
-        if not is_int(self.steps) or self.steps < 1:
-            raise ValueError(
-                f"Stage.steps ({self.name}): expected a positive int, got {self.steps!r}"
-            )
-        object.__setattr__(self, "kind", _kind(self.name, self.data, self.kind, self.source))
-        self._check_ppo()
-        if isinstance(self.data, Prompts) and self.reward is None:
-            raise ValueError(f"Stage.reward ({self.name}): a Prompts (GRPO) stage needs a reward")
-        if isinstance(self.data, Prompts):
-            needs = getattr(self.reward, "needs", ())
-            self.data.check_fields(needs, f"Stage.data ({self.name})", "the stage's reward")
-        if not isinstance(self.data, Prompts) and self.reward is not None:
-            raise ValueError(
-                f"Stage.reward ({self.name}): only a Prompts (GRPO) stage takes a reward, this "
-                f"stage's data is {type(self.data).__name__}"
-            )
-        if self.nll_weight is not None and not isinstance(self.data, PreferencePairs):
-            raise ValueError(
-                f"Stage.nll_weight ({self.name}): only a PreferencePairs (DPO) stage takes it, "
-                f"this stage's data is {type(self.data).__name__}"
-            )
-        if self.rollout is not None and not isinstance(self.rollout, RolloutConfig):
-            raise TypeError(
-                f"Stage.rollout ({self.name}): expected a RolloutConfig or None, "
-                f"got {type(self.rollout).__name__}"
-            )
-        rollout_options = {
-            "rollout": self.rollout,
-            "temperature": self.temperature,
-            "eos_id": self.eos_id,
-            "decode": self.decode,
-            "estimator": None if self.estimator == "group" else self.estimator,
-        }
-        try:
-            check_estimator(self.estimator)
-        except ValueError as err:
-            raise ValueError(f"Stage.{err}".replace(":", f" ({self.name}):", 1)) from None
-        samples = isinstance(self.data, Prompts) or self.source is not None
-        for option, value in rollout_options.items():
-            if value is not None and not samples:
-                raise ValueError(
-                    f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage samples, this "
-                    f"stage's data is {type(self.data).__name__}"
-                )
-        if self.temperature is not None and (
-            isinstance(self.temperature, bool)
-            or not isinstance(self.temperature, int | float)
-            or not self.temperature > 0
-            or not math.isfinite(self.temperature)
-        ):
-            raise ValueError(
-                f"Stage.temperature ({self.name}): expected a finite number > 0, "
-                f"got {self.temperature!r}"
-            )
-        for option in [*self.changed_loss_options(), *self.changed_shaping_options()]:
-            if not samples:
-                raise ValueError(
-                    f"Stage.{option} ({self.name}): only a Prompts (GRPO) stage takes it, "
-                    f"this stage's data is {type(self.data).__name__}"
-                )
-        self.check_loss(lambda key: f"Stage.{key} ({self.name})")
-        label = lambda k: f"Stage.{k} ({self.name})"  # noqa: E731
-        shaping_parts({**self.shaping_options(), **self.loss_options()}, label, self.max_new_tokens)
-        if self.decode is not None and not callable(self.decode):
-            raise TypeError(
-                f"Stage.decode ({self.name}): expected a callable ids -> str, "
-                f"got {type(self.decode).__name__}"
-            )
-
-    def _check_ppo(self) -> None:
-        """Refuse PPO keys on another kind and GRPO-only loss keys on a PPO stage."""
-        for option in PPO_ONLY:
-            if getattr(self, option) is not None and self.kind != "ppo":
-                raise ValueError(
-                    f"Stage.{option} ({self.name}): only a PPO stage takes it, this stage's "
-                    f"kind is {self.kind}"
-                )
-        if self.kind == "ppo":
-            checked_options(self.ppo_options(), lambda key: f"Stage.{key} ({self.name})")
-            for option in self.changed_loss_options():
-                if option not in PPO_KEYS:
-                    raise ValueError(
-                        f"Stage.{option} ({self.name}): a PPO stage does not take it (PPO's loss "
-                        f"keys: {', '.join(k for k in LOSS_KEYS if k in PPO_KEYS)})"
-                    )
+        object.__setattr__(self, "kind", check_stage(self))  # dew.recipes.chain_checks
 
     def ppo_options(self) -> dict[str, Any]:
         """The options ``build_stage("ppo", ...)`` takes from this stage (unset ones left out)."""
@@ -225,27 +125,6 @@ class Stage(GRPOLoss, RewardShapingOptions):
                  **{key: getattr(self, key) for key in (*PPO_ONLY, *LOSS_KEYS, *SHAPING_KEYS)
                     if key in PPO_KEYS}}  # fmt: skip
         return {k: v for k, v in given.items() if v is not None or k in ("dual_clip",)}
-
-
-#: The Stage fields only a PPO stage takes.
-PPO_ONLY = ("gamma", "lam", "value_coefficient", "value_clip", "critic_from_policy")
-
-
-def _kind(name: str, data: Any, kind: str | None, source: Any = None) -> str:
-    """A stage's kind: ``kind`` checked against the dataset (or an environment ``source``,
-    which trains GRPO or PPO), or the first kind that fits."""
-    allowed = ("grpo", "ppo") if source is not None else ("sft", "lm") if isinstance(
-        data, ChatMessages) else ("dpo",) if isinstance(
-        data, PreferencePairs) else ("lm",) if isinstance(
-        data, TokenFile) else ("grpo", "ppo")  # fmt: skip
-    if kind is None:
-        return allowed[0]
-    if kind not in allowed:
-        what = "an environment source" if source is not None else f"{type(data).__name__} data"
-        raise ValueError(
-            f"Stage.kind ({name}): expected {' or '.join(allowed)} for {what}, got {kind!r}"
-        )
-    return kind
 
 
 @dataclass
@@ -302,43 +181,7 @@ class Recipe:
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
         """The objective and rollout (None unless GRPO or PPO) a stage trains with."""
-        return self._parts(stage, start, 0)[:2]
-
-    def _parts(self, stage: Stage, start: Any, index: int) -> tuple[Any, Any, Any, Any]:
-        """The objective, the rollout, the data (None: the stage's dataset) and the run
-        directory's ``start`` callback (None: nothing to open) of ``stage``."""
-        data, kind = stage.data, str(stage.kind)  # __post_init__ resolved the kind
-        options: dict[str, Any] = {}
-        grpo = {"beta": stage.beta, "groups": stage.groups,
-                "max_new_tokens": stage.max_new_tokens, "temperature": stage.temperature,
-                "top_k": stage.sample, "eos_id": stage.eos_id, "estimator": stage.estimator,
-                **{key: getattr(stage, key) for key in (*LOSS_KEYS, *SHAPING_KEYS)}}  # fmt: skip
-        if stage.source is not None:  # tool episodes (dew.recipes.environment_run)
-            from dew.recipes.environment_run import episode_parts
-
-            chosen = stage.ppo_options() if kind == "ppo" else grpo
-            asynchronous = stage.rollout is not None and stage.rollout.is_async
-            parts = episode_parts(stage.source, self.model, chosen, pretrained=start,
-                                  batch=self.batch, seed=_seed(self.key, index),
-                                  progress=self.progress, kind=kind,
-                                  where=f"Stage.source ({stage.name})",
-                                  asynchronous=asynchronous)  # fmt: skip
-            return parts["objective"], parts["rollout"], parts["data"], parts["start"]
-        if stage.kind == "dpo":
-            options = {"beta": stage.beta, "nll_weight": stage.nll_weight}
-            width = data.seq_len
-        elif stage.kind == "ppo":
-            options = stage.ppo_options()
-            width = data.max_prompt_len + stage.max_new_tokens
-        elif stage.kind == "grpo":
-            options = grpo
-            width = data.max_prompt_len + stage.max_new_tokens
-        else:  # an SFT or LM row is seq_len + 1 ids wide
-            width = data.seq_len + 1
-        objective, rollout = build_stage(kind, self.model, width, options, pretrained=start,
-                                         reward=stage.reward, decode=stage.decode,
-                                         where=f"Stage ({stage.name})")  # fmt: skip
-        return objective, rollout, None, None
+        return stage_parts(self, stage, start, 0)[:2]
 
     def run(self) -> list[Any]:
         """Train (or restore) every stage in order; returns each stage's final ``TrainState``.
@@ -357,11 +200,11 @@ class Recipe:
         for index, stage in enumerate(self.stages):
             if isinstance(stage, FlowStage):
                 states.append(stage.train(output / stage.name, batch=self.batch,
-                                          seed=_seed(self.key, index), log_every=self.log_every,
+                                          seed=stage_seed(self.key, index), log_every=self.log_every,
                                           progress=self.progress,
                                           checkpoint_every=self.checkpoint_every))  # fmt: skip
                 continue
-            objective, rollout, data, opened = self._parts(stage, start, index)
+            objective, rollout, data, opened = stage_parts(self, stage, start, index)
             trainer = Trainer(
                 objective,
                 self.optimizer(stage) if callable(self.optimizer) else self.optimizer,
@@ -376,7 +219,7 @@ class Recipe:
                     from dew.recipes.async_run import attach
 
                     data = attach(trainer, data, stage.rollout, batch=self.batch,
-                                  seed=_seed(self.key, index), run_dir=output / stage.name,
+                                  seed=stage_seed(self.key, index), run_dir=output / stage.name,
                                   stack=stack, where=f"Stage.rollout ({stage.name})")  # fmt: skip
                 if opened is not None:  # the episode log and journal of an environment source
                     opened(str(output / stage.name), stack)
@@ -388,11 +231,6 @@ class Recipe:
             policy_of = getattr(objective, "policy_variables", None)  # PPO: drop the critic
             start = start if policy_of is None else policy_of(start)
         return states
-
-
-def _seed(key: jax.Array, index: int) -> int:
-    """An int seed for stage ``index`` drawn from the chain's key."""
-    return int(jax.random.randint(jax.random.fold_in(key, index), (), 0, 2**31 - 1))
 
 
 __all__ = ["Recipe", "Stage"]
