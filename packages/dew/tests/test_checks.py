@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dew.checks
-from dew.checks import is_int, is_integer, is_real
+from dew.checks import is_int, is_integer, is_real, tolerance
 
 
 @pytest.mark.parametrize("value", [0, 7, -3])
@@ -31,9 +31,18 @@ def test_bools_and_non_reals_fail_is_real(value) -> None:
     assert not is_real(value)
 
 
+@pytest.mark.parametrize("value", [-1e-9, float("nan"), float("inf"), True, "0", None])
+def test_a_tolerance_is_a_finite_number_at_least_zero(value) -> None:
+    assert tolerance(0, "t") == 0.0 and tolerance(2, "t") == 2.0
+    with pytest.raises(
+        ValueError, match=r"^regrade\.tolerance: expected a finite number >= 0, got "
+    ):
+        tolerance(value, "regrade.tolerance")
+
+
 def test_the_docstring_examples_hold() -> None:
     result = doctest.testmod(dew.checks)
-    assert result.attempted == 5 and result.failed == 0
+    assert result.attempted == 7 and result.failed == 0
 
 
 def test_an_objective_refuses_a_flag_for_a_length() -> None:

@@ -63,4 +63,19 @@ def finite_float(value: Any, who: str) -> float:
     return number
 
 
-__all__ = ["finite_float", "is_int", "is_integer", "is_real"]
+def tolerance(value: Any, who: str) -> float:
+    """``value`` as a float tolerance (a finite number >= 0), or a ValueError naming ``who``.
+
+    >>> tolerance(0, "regrade.tolerance")
+    0.0
+    >>> tolerance(-1e-3, "regrade.tolerance")
+    Traceback (most recent call last):
+    ...
+    ValueError: regrade.tolerance: expected a finite number >= 0, got -0.001
+    """
+    if not is_real(value) or not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{who}: expected a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+__all__ = ["finite_float", "is_int", "is_integer", "is_real", "tolerance"]

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dew.checks import tolerance as check_tolerance
 from dew.rollout.harbor_trial import Trial, reward_of
 from dew.sessions.records import Task
 
@@ -73,10 +73,7 @@ class HarborRegrade:
     timeout: float | None = None
 
     def __post_init__(self) -> None:
-        tolerance = self.tolerance
-        if (isinstance(tolerance, bool) or not isinstance(tolerance, int | float)
-                or not (math.isfinite(tolerance) and tolerance >= 0)):  # fmt: skip
-            raise ValueError(f"regrade.tolerance: expected a finite number >= 0, got {tolerance!r}")
+        check_tolerance(self.tolerance, "regrade.tolerance")
         if self.tasks is not None and not Path(self.tasks).is_dir():
             raise FileNotFoundError(f"regrade.tasks: {os.fspath(self.tasks)!r} is not a directory")
         if not isinstance(self.verifier_env, Mapping) or not all(

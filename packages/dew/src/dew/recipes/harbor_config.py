@@ -48,13 +48,13 @@ returns a ``HarborConfig``; every error is one line naming its key.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from dew.checks import is_int
+from dew.checks import tolerance as check_tolerance
 from dew.recipes.schema import ConfigError, positive, section
 
 #: The engines a gateway can forward chat completions to.
@@ -142,9 +142,10 @@ class HarborRegradeConfig:
 
     def __post_init__(self) -> None:
         where = "source.regrade"
-        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):
-            raise ConfigError(f"{where}.tolerance: expected a finite number >= 0, got "
-                              f"{self.tolerance!r}")  # fmt: skip
+        try:
+            check_tolerance(self.tolerance, f"{where}.tolerance")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
         if self.tasks is not None:
             path = os.path.abspath(os.path.expanduser(self.tasks))
             if not os.path.isfile(os.path.join(path, "task.toml")):

@@ -31,12 +31,12 @@ raises ``CancelledError`` and counts nothing.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from concurrent.futures import CancelledError
 from typing import Any
 
 from dew.checks import finite_float
+from dew.checks import tolerance as check_tolerance
 from dew.sessions.records import Session, Status, Task
 
 #: The names ``Regrade.counts`` holds.
@@ -56,14 +56,8 @@ class Regrade:
             if not callable(getattr(regrader, name, None)):
                 raise TypeError(f"regrade: expected an object with collect(task, environment) "
                                 f"and grade(task, artifact), got {type(regrader).__name__}")  # fmt: skip
-        if (
-            isinstance(tolerance, bool)
-            or not isinstance(tolerance, int | float)
-            or not (math.isfinite(tolerance) and tolerance >= 0)
-        ):
-            raise ValueError(f"regrade_tolerance: expected a finite number >= 0, got {tolerance!r}")
         self.regrader = regrader
-        self.tolerance = float(tolerance)
+        self.tolerance = check_tolerance(tolerance, "regrade_tolerance")
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTS, 0)
 
