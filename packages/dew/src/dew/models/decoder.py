@@ -17,8 +17,12 @@ parameters bidirectionally, as masked diffusion needs: a token then attends to
 every token of its own segment, before and after it (with a sliding window W,
 to those fewer than W away on either side). Adding `block_size=S` makes it
 block-causal, as block diffusion needs: positions `k*S .. k*S+S-1` of a segment
-form block k, and a token sees its own block and every earlier one. Prefill and
-decoding stay causal.
+form block k, and a token sees its own block and every earlier one. Adding
+`two_copy=True` as well runs BD3-LM's training pass: `input_ids` `[B, 2L]` holds a
+noised copy of a row and then its clean copy (`segment_ids` and `positions` repeat
+each copy's, both copies using positions 0..L-1, so `max_seq_len` bounds L, not 2L);
+the attention follows `two_copy_visible` and only the noised copy's logits `[B, L, V]`
+come back. The parameters are the same in every mode. Prefill and decoding stay causal.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
-from dew.models.layers import DecoderLayer, RMSNorm, block_causal, visible
+from dew.models.layers import DecoderLayer, RMSNorm, block_causal, two_copy_visible, visible
 from dew.models.linear import Linear
+from dew.models.remat import remat_layer
 from dew.models.rope import inverse_frequencies, rotary_tables
 
 
@@ -66,7 +71,9 @@ def empty_cache(config: DecoderConfig, batch: int, capacity: int) -> KVCache:
     return KVCache(zeros, tuple(jnp.zeros_like(z) for z in zeros), jnp.zeros((batch,), jnp.int32))
 
 
-def _check_block(causal: bool, block_size: Any) -> None:
+def _check_block(causal: bool, block_size: Any, two_copy: bool = False) -> None:
+    if two_copy and block_size is None:
+        raise ValueError("two_copy: BD3-LM's two-copy pass needs a block_size, got None")
     if block_size is None:
         return
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size <= 0:
@@ -102,7 +109,8 @@ class CausalTransformer(nn.Module):
             param_dtype=jnp.float32,
             embedding_init=nn.initializers.normal(cfg.init_std),
         )
-        self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_layers)]
+        layer = remat_layer(DecoderLayer, cfg.remat)  # gradient checkpointing, if any
+        self.layers = [layer(cfg) for _ in range(cfg.num_layers)]
         self.norm = RMSNorm(cfg.norm_eps, cfg.compute_dtype)
         if not cfg.tie_embeddings:
             self.lm_head = Linear(
@@ -143,17 +151,21 @@ class CausalTransformer(nn.Module):
         positions: jax.Array | None,
         causal: bool = True,
         block_size: int | None = None,
+        two_copy: bool = False,
     ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
         _check_ids("input_ids", input_ids, 2)
         b, t = input_ids.shape
-        if t > self.config.max_seq_len:
+        if two_copy and t % 2:
+            raise ValueError(f"input_ids: two_copy needs an even length [B, 2L], got {t}")
+        if (t // 2 if two_copy else t) > self.config.max_seq_len:
             raise ValueError(
                 f"input_ids: sequence length {t} exceeds max_seq_len={self.config.max_seq_len}"
             )
         if segment_ids is None:
             segment_ids = jnp.ones((b, t), jnp.int32)
         if positions is None:
-            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+            steps = jnp.arange(t // 2 if two_copy else t, dtype=jnp.int32)
+            positions = jnp.broadcast_to(jnp.tile(steps, 2) if two_copy else steps, (b, t))
         for name, value in (("segment_ids", segment_ids), ("positions", positions)):
             _check_ids(name, value, 2)
             if value.shape != input_ids.shape:
@@ -161,19 +173,45 @@ class CausalTransformer(nn.Module):
                     f"{name}: expected shape {tuple(input_ids.shape)} like input_ids, "
                     f"got {tuple(value.shape)}"
                 )
-        idx = jnp.arange(t)
-        same = segment_ids[:, :, None] == segment_ids[:, None, :]
-        seen = visible(idx[:, None], idx[None, :], self.config.sliding_window, causal=causal)
-        mask = same & (segment_ids[:, None, :] != 0) & seen[None]
-        if block_size is not None:
-            mask = mask & block_causal(positions[:, :, None], positions[:, None, :], block_size)
+        mask = self._mask(segment_ids, positions, causal, block_size, two_copy)
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
         kvs = []
+        # The two-copy rule lets a query see keys anywhere in the row: no key is skipped.
+        span_block = None if two_copy else block_size
         for layer in self.layers:
-            x, kv = layer(x, cos, sin, mask, causal, block_size)
+            x, kv = layer(x, cos, sin, mask, causal, span_block)
             kvs.append(kv)
         return self.norm(x), kvs
+
+    def _mask(
+        self,
+        segment_ids: jax.Array,
+        positions: jax.Array,
+        causal: bool,
+        block_size: int | None,
+        two_copy: bool,
+    ) -> jax.Array:
+        """Bool `[B, T, T]` (query, key): same nonzero segment and the mode's visibility."""
+        t = segment_ids.shape[1]
+        idx = jnp.arange(t)
+        same = segment_ids[:, :, None] == segment_ids[:, None, :]
+        mask = same & (segment_ids[:, None, :] != 0)
+        q_pos, k_pos = positions[:, :, None], positions[:, None, :]
+        if two_copy:
+            if self.config.sliding_window is not None:
+                raise ValueError(
+                    "two_copy: BD3-LM's two-copy pass needs sliding_window=None, "
+                    f"got {self.config.sliding_window}"
+                )
+            assert block_size is not None
+            rule = two_copy_visible(idx[:, None], idx[None, :], q_pos, k_pos, block_size, t // 2)
+            return mask & rule
+        seen = visible(idx[:, None], idx[None, :], self.config.sliding_window, causal=causal)
+        mask = mask & seen[None]
+        if block_size is not None:
+            mask = mask & block_causal(q_pos, k_pos, block_size)
+        return mask
 
     # -- public methods ----------------------------------------------------------------
 
@@ -186,6 +224,7 @@ class CausalTransformer(nn.Module):
         return_hidden: bool = False,
         causal: bool = True,
         block_size: int | None = None,
+        two_copy: bool = False,
     ) -> jax.Array | tuple[jax.Array, jax.Array]:
         """input_ids int `[B, T]` -> float32 logits `[B, T, V]`.
 
@@ -194,9 +233,14 @@ class CausalTransformer(nn.Module):
         `(logits, hidden)` where hidden `[B, T, D]` is the final normed state.
         causal (static): False lets each token see its whole segment (bidirectional).
         block_size (static, with causal=False): block-causal attention over positions.
+        two_copy (static, with causal=False and a block_size): BD3-LM's pass over
+        `[noised, clean]` rows `[B, 2L]`; positions default to 0..L-1 for each copy and
+        the logits and hidden states returned are the noised copy's, `[B, L, ...]`.
         """
-        _check_block(causal, block_size)
-        hidden, _ = self._forward(input_ids, segment_ids, positions, causal, block_size)
+        _check_block(causal, block_size, two_copy)
+        hidden, _ = self._forward(input_ids, segment_ids, positions, causal, block_size, two_copy)
+        if two_copy:
+            hidden = hidden[:, : input_ids.shape[-1] // 2]
         logits = self.logits_from_hidden(hidden)
         if return_hidden:
             return logits, hidden

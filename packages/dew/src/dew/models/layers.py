@@ -24,7 +24,10 @@ The whole-sequence mode also runs bidirectionally (`causal=False`, for masked
 diffusion): the same parameters, every key of the segment visible, a sliding
 window then bounding the distance on both sides. With a block size as well it is
 block-causal (block diffusion): a token sees its own block and every earlier
-block of its segment (`block_causal`). The causal path is unchanged.
+block of its segment (`block_causal`). BD3-LM's training pass reads a noised and
+a clean copy of a row side by side (`two_copy_visible`); the caller then builds
+the mask and passes `causal=False` without a block size, so no key is skipped.
+The causal path is unchanged.
 """
 
 from __future__ import annotations
@@ -76,6 +79,32 @@ def block_causal(query_pos: jax.Array, key_pos: jax.Array, size: int) -> jax.Arr
     `size = 1` is plain causal attention, `size >= T` plain bidirectional attention.
     """
     return key_pos // size <= query_pos // size
+
+
+def two_copy_visible(
+    query_idx: jax.Array,
+    key_idx: jax.Array,
+    query_pos: jax.Array,
+    key_pos: jax.Array,
+    size: int,
+    half: int,
+) -> jax.Array:
+    """BD3-LM's attention rule over a row holding a noised copy and then a clean copy.
+
+    Indices `< half` are the noised copy, the rest the clean copy (Arriola et al. 2025,
+    `block_diff_mask` in github.com/kuleshov-group/bd3lms `models/dit.py`); blocks are
+    `position // size`, so both copies use the same positions. A noised query sees its
+    own noised block and the clean blocks strictly before it; a clean query sees the
+    clean blocks up to and including its own; nothing sees a noised key of another block,
+    and no clean query sees a noised key. Arguments broadcast like `visible`'s indices.
+    Segment and padding checks are left to the caller.
+    """
+    q_clean, k_clean = query_idx >= half, key_idx >= half
+    q_block, k_block = query_pos // size, key_pos // size
+    own_noised = ~q_clean & ~k_clean & (q_block == k_block)
+    clean_context = ~q_clean & k_clean & (k_block < q_block)
+    clean_causal = q_clean & k_clean & (k_block <= q_block)
+    return own_noised | clean_context | clean_causal
 
 
 def key_span(
