@@ -77,7 +77,8 @@ def lora_section(raw: Any, kind: str) -> LoraSection | None:
 
 
 def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any:
-    """``objective -> LoraObjective`` for ``build_stage``; errors name ``lora.<key>``."""
+    """``objective -> LoraObjective`` (``LoraPPOObjective`` for a ``PPOObjective``) for
+    ``build_stage``; errors name ``lora.<key>``."""
     from dew.objectives.lora import LoraObjective
 
     config = lora.lora_config()
@@ -89,6 +90,12 @@ def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any
         raise ConfigError(f"lora.{err}") from None
 
     def wrap(objective: Any) -> Any:
+        from dew.objectives.rl.ppo import PPOObjective
+
+        if isinstance(objective, PPOObjective):  # the policy's adapter beside a full critic
+            from dew.objectives.lora_ppo import LoraPPOObjective
+
+            return LoraPPOObjective(objective, config, base_path=base_path)
         return LoraObjective(objective, config, base_path=base_path)
 
     return wrap

@@ -174,9 +174,15 @@ def build_ppo(
     reward: Callable[..., float] | None = None,
     decode: Callable[[Any], str] | None = None,
     where: str = "objective",
+    adapter: Callable[[Any], Any] | None = None,
 ) -> tuple[Any, Any]:
     """``PPOObjective`` over rows of ``width`` ids and its ``PPORollout`` (see the module
-    docstring); ``options`` holds ``PPO_KEYS`` (missing ones take the defaults)."""
+    docstring); ``options`` holds ``PPO_KEYS`` (missing ones take the defaults).
+
+    ``adapter`` (``dew.recipes.lora_config.adapter_wrapper``'s) wraps the objective in a
+    ``LoraPPOObjective`` before the rollout is built: the policy trains an adapter on the
+    frozen ``pretrained`` (or fresh) base, the critic trains in full, and the sampler runs
+    the adapter's ``LoraDecoder``."""
     from dew.objectives.rl import GRPOObjective, PPOObjective, PPORollout, ValueHead
     from dew.rollouts.sampled import SampledRollout
     from dew.sampling import Sampling
@@ -194,8 +200,11 @@ def build_ppo(
                              value_clip=opts.value_clip, beta=opts.beta, pretrained=pretrained,
                              critic_pretrained=critic_start, sampling_temperature=temperature,
                              **loss)  # fmt: skip
-    # the sampler sees the policy half only; it scores at the objective's temperature
-    sampler = GRPOObjective(model, width - 1, sampling_temperature=temperature)
+    if adapter is not None:
+        objective = adapter(objective)
+    # the sampler sees the policy half only (LoRA: its adapter and base); it scores at the
+    # objective's temperature
+    sampler = GRPOObjective(objective.model, width - 1, sampling_temperature=temperature)
     sampling = Sampling(temperature=float(opts.temperature), top_k=opts.top_k, eos_id=opts.eos_id)
     shaping = opts.shaping(lambda key: f"{where}.{key}")
     check_kl_reference(shaping, pretrained, where)

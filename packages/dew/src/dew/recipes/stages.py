@@ -134,8 +134,8 @@ def build_stage(
     """The objective of a ``kind`` stage over rows of ``width`` ids (it predicts
     ``width - 1``), and its rollout (None unless GRPO or PPO, which need ``reward``).
 
-    ``adapter`` wraps the objective before its rollout is built (``LoraObjective``, from
-    ``dew.recipes.lora_config.adapter_wrapper``); PPO refuses one.
+    ``adapter`` wraps the objective before its rollout is built (``LoraObjective``, or
+    ``LoraPPOObjective`` for PPO, from ``dew.recipes.lora_config.adapter_wrapper``).
 
     ``options`` holds the kind's keys (``OPTION_KEYS``); a key left out takes the default, an
     unknown one is refused naming ``where``.
@@ -146,12 +146,10 @@ def build_stage(
         if key not in OPTION_KEYS[kind]:
             raise unknown_key(where, str(key), OPTION_KEYS[kind])
     o = dict(options)
-    if adapter is not None and kind not in ("lm", "sft", "dpo", "grpo"):
-        raise ConfigError(f"lora: expected no adapter for a {kind} stage, got one")
     wrap = (lambda objective: objective) if adapter is None else adapter
     if kind == "ppo":
         return build_ppo(model, width, o, pretrained=pretrained, reward=reward, decode=decode,
-                         where=where)  # fmt: skip
+                         where=where, adapter=adapter)  # fmt: skip
     if kind in ("lm", "sft"):
         return wrap(_token_objective(kind, model, width, o, pretrained, where)), None
     beta = o.get("beta")

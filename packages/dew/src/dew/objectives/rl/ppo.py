@@ -195,6 +195,18 @@ class PPOObjective:
         (``policy_variables``): what a sampler or an asynchronous scheduler rescores with."""
         return self._policy
 
+    def on_policy_model(self, model: Any, pretrained: Mapping[str, Any] | None) -> PPOObjective:
+        """A copy whose policy (and ``policy_objective``) runs ``model`` and starts from
+        ``pretrained``; the critic, the options and ``init`` stay this objective's. LoRA
+        (``dew.objectives.lora_ppo``) puts its ``LoraDecoder`` here."""
+        import copy
+
+        out = copy.copy(self)
+        out._policy = copy.copy(self._policy)
+        out._policy.model = out.model = model
+        out._policy.pretrained = out.pretrained = pretrained
+        return out
+
     # ------------------------------------------------------------------ variables
 
     def init(self, key: jax.Array) -> dict[str, Any]:
