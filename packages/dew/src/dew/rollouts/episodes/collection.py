@@ -148,10 +148,10 @@ def finish_slot(slot: Slot, verifier: Verifier, record: Record | None, regrade: 
             )
         slot.verify(verifier)
         regraded = regrade is not None and slot.status is EpisodeStatus.COMPLETED
-        artifact = slot.artifact(regrade) if regraded else None
+        collected = slot.collect(regrade) if regraded else None  # (artifact, error)
         slot.release()
-        if artifact is not None:
-            slot.regrade(regrade, *artifact)
+        if collected is not None:
+            slot.regrade(regrade, *collected)
         slot.commit_ending()
     if record is not None:
         record(slot.episode())

@@ -182,8 +182,8 @@ class Slot:
             )
         self.reward = number
 
-    def artifact(self, regrade: Any) -> tuple[Any, BaseException | None]:
-        """``regrade.collect`` of the scored episode, its environment still open:
+    def collect(self, regrade: Any) -> tuple[Any, BaseException | None]:
+        """``regrade.collect`` of the scored episode, its environment still open: the pair
         ``(artifact, None)``, or ``(None, error)`` when collecting raised."""
         try:
             return regrade.collect(Task(self.id.task), self.environment), None
