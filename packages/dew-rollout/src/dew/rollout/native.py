@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from dew.inference import Completion, Server
+from dew.inference.canvas.config import refuse_canvas
 from dew.rollout.draw import Draw, check_budget, check_prompt
 
 
@@ -50,6 +51,7 @@ class NativeRolloutServer:
     """
 
     def __init__(self, server: Server) -> None:
+        refuse_canvas("server", server, "NativeRolloutServer")
         if not isinstance(server, Server):
             raise TypeError(f"server: expected a dew.inference.Server, got {type(server).__name__}")
         self.server = server

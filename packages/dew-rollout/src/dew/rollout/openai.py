@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from dew.inference.canvas.config import refuse_canvas
 from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
 from dew.rollout.http import field, post_json
@@ -93,6 +94,7 @@ class OpenAIRolloutServer(RemoteServer):
         concurrency: int = 64,
         seed: int = 0,
     ) -> None:
+        refuse_canvas("sampling", sampling, "OpenAIRolloutServer")
         if not isinstance(completion, OpenAICompletion):
             raise TypeError(
                 f"completion: expected an OpenAICompletion, got {type(completion).__name__}"

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from dew.inference.canvas.config import refuse_canvas
 from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
 from dew.rollout.http import field, post_json
@@ -51,6 +52,7 @@ class VLLMGenerateServer(RemoteServer):
         seed: int = 0,
         client: httpx.Client | None = None,
     ) -> None:
+        refuse_canvas("sampling", sampling, "VLLMGenerateServer")
         check_token_route(sampling)
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url: expected an http(s) root URL, got {base_url!r}")

@@ -44,6 +44,7 @@ import numpy as np
 from dew.checks import is_int
 from dew.data.prompts import decode_text
 from dew.inference import TextGeneration
+from dew.inference.canvas.config import refuse_canvas
 from dew.sampling import Sampling
 from dew.sessions.advantages import check_estimator
 from dew.sessions.packing import pack
@@ -113,6 +114,7 @@ class SampledRollout:
         dynamic_sampling: DynamicSampling | None = None,
         correction: AdaptiveCorrection | None = None,
     ) -> None:
+        refuse_canvas("sampling", sampling, "SampledRollout")
         if not baseline and (not is_int(groups) or groups < 1):
             raise ValueError(f"groups: expected a positive integer, got {groups!r}")
         if baseline and (not is_int(groups) or groups < 2):

@@ -81,6 +81,7 @@ from dew.rollouts.episodes.protocol import (
     Verifier,
 )
 from dew.rollouts.episodes.slot import Slot
+from dew.rollouts.episodes.validation import check_collaborators
 from dew.sampling import Sampling
 from dew.sessions.regrade import Regrade
 
@@ -151,19 +152,7 @@ class EpisodeRollout:
         regrade: Any = None,
         regrade_tolerance: float = 1e-6,
     ) -> None:
-        for name in ("bind", "__call__"):
-            if not callable(getattr(policy, name, None)):
-                raise TypeError(f"policy: expected bind() and __call__, it has no {name!r}")
-        if not callable(environment_factory):
-            raise TypeError(
-                f"environment_factory: expected a callable, got {type(environment_factory)}"
-            )
-        if not callable(verifier):
-            raise TypeError(f"verifier: expected a callable, got {type(verifier).__name__}")
-        if record is not None and not callable(record):
-            raise TypeError(f"record: expected None or a callable, got {type(record).__name__}")
-        if not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling: expected a dew.sampling.Sampling, got {type(sampling)}")
+        check_collaborators(policy, environment_factory, verifier, record, sampling)
         self.policy = policy
         self.environment_factory = environment_factory
         self.verifier = verifier

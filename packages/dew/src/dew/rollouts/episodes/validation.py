@@ -13,6 +13,7 @@ int) or raises a named :class:`~dew.rollouts.episodes.errors.InvalidAction`:
   is EOS (with no EOS configured, no turn can terminate).
 
 The upper bound of the ids (the vocabulary) is left to the caller, which knows the model.
+:func:`check_collaborators` checks what ``EpisodeRollout`` is built with.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from dew.checks import is_integer
+from dew.inference.canvas.config import refuse_canvas
 from dew.rollouts.episodes.errors import (
     EmptyContextError,
     InvalidAction,
@@ -33,6 +35,7 @@ from dew.rollouts.episodes.errors import (
     TokensAfterEosError,
 )
 from dew.rollouts.episodes.protocol import Action
+from dew.sampling import Sampling
 from dew.sessions.records import token_ids
 
 
@@ -126,6 +129,29 @@ def check_action(
         terminated=bool(action.terminated),
         policy_step=int(step),
     )
+
+
+def check_collaborators(
+    policy: Any, environment_factory: Any, verifier: Any, record: Any, sampling: Any
+) -> None:
+    """What ``EpisodeRollout`` is built with, refused by name: a policy with ``bind`` and
+    ``__call__`` (a canvas generator raises ``NotAutoregressive``: it gives no per-token
+    likelihoods), callable factory and verifier, ``record`` None or callable, a ``Sampling``."""
+    refuse_canvas("policy", policy, "EpisodeRollout")
+    refuse_canvas("sampling", sampling, "EpisodeRollout")
+    for name in ("bind", "__call__"):
+        if not callable(getattr(policy, name, None)):
+            raise TypeError(f"policy: expected bind() and __call__, it has no {name!r}")
+    if not callable(environment_factory):
+        raise TypeError(
+            f"environment_factory: expected a callable, got {type(environment_factory)}"
+        )
+    if not callable(verifier):
+        raise TypeError(f"verifier: expected a callable, got {type(verifier).__name__}")
+    if record is not None and not callable(record):
+        raise TypeError(f"record: expected None or a callable, got {type(record).__name__}")
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling: expected a dew.sampling.Sampling, got {type(sampling)}")
 
 
 __all__ = ["check_action", "token_ids"]
