@@ -103,7 +103,8 @@ def test_masked_diffusion_calls_the_model_bidirectionally():
          "dew: error: objective.mask_id: expected an id below the model's vocab_size 3 (set "
          "model.vocab_size above 3, or a smaller mask_id), got 3"),
         (["--objective", "mdlm"],
-         "dew: error: objective.name: expected one of next_token, masked_diffusion, got 'mdlm'"),
+         "dew: error: objective.name: expected one of next_token, masked_diffusion, "
+         "block_diffusion, got 'mdlm'"),
     ],
 )  # fmt: skip
 def test_bad_options_are_one_line(tokens, tmp_path, capsys, extra, message):
@@ -127,7 +128,7 @@ def test_the_config_section_takes_the_same_keys(tokens):
         (
             {"mask_id": 9},
             "lm",
-            "objective.mask_id: only objective.name masked_diffusion "
+            "objective.mask_id: only objective.name masked_diffusion or block_diffusion "
             "takes it, got objective.name next_token",
         ),
         (

@@ -40,8 +40,8 @@ _EXAMPLES = {
     "--run-dir runs/ppo --steps 100 --reward my_rewards:exact_match --lam 0.95",
 }
 _DESCRIPTIONS = {
-    "lm": "Train a decoder on a flat token file (next-token loss, or masked diffusion with "
-    "--objective masked_diffusion).",
+    "lm": "Train a decoder on a flat token file (next-token loss, or masked or block diffusion "
+    "with --objective masked_diffusion / block_diffusion --block-size N).",
     "sft": "Fine-tune on chat conversations; the loss counts assistant tokens.",
     "dpo": "Direct preference optimisation on prompt/chosen/rejected pairs.",
     "grpo": "GRPO: sample groups of completions per prompt, reward them, update the policy.",

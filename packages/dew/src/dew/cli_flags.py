@@ -108,11 +108,14 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
      "prompt width P; longer prompts keep their last P ids", ("grpo", "ppo")),
     (("--ema-decay",), "objective.ema_decay", float,
      "keep a moving average of the weights with this decay (default: none)", ("lm", "sft")),
-    (("--objective",), "objective.name", str, "the loss: next_token (predict each next id) or "
-     "masked_diffusion (MDLM: a bidirectional model restores masked ids)", ("lm",)),
+    (("--objective",), "objective.name", str, "the loss: next_token (predict each next id), "
+     "masked_diffusion (MDLM: a bidirectional model restores masked ids) or block_diffusion "
+     "(BD3-LM: blocks restored left to right)", ("lm",)),
+    (("--block-size",), "objective.block_size", int, "block_diffusion's tokens per block, "
+     "dividing --seq-len (1: autoregressive)", ("lm",)),
     (("--noise-schedule",), "objective.noise_schedule", str,
      "masked_diffusion's noise schedule: loglinear or cosine", ("lm",)),
-    (("--mask-id",), "objective.mask_id", int, "masked_diffusion's mask id, outside the data's "
+    (("--mask-id",), "objective.mask_id", int, "the diffusion mask id, outside the data's "
      "ids (default: --real-tokens; an unset --vocab-size grows by one to hold it)", ("lm",)),
     (("--real-tokens",), "objective.real_tokens", int, "masked_diffusion: the data's ids are "
      "0..N-1 (default: the largest id in the token files + 1)", ("lm",)),

@@ -1,10 +1,14 @@
-"""The ``masked_diffusion`` objective of ``dew train lm``: its keys, checks and defaults.
+"""The diffusion objectives of ``dew train lm``: their keys, checks and defaults.
 
 ``objective.name`` picks the loss of an ``lm`` run: ``next_token`` (``LMObjective``, the
-default) or ``masked_diffusion`` (``MaskedDiffusionObjective``, MDLM's loss on the same
-decoder run bidirectionally). The other keys belong to ``masked_diffusion`` alone:
+default), ``masked_diffusion`` (``MaskedDiffusionObjective``, MDLM's loss on the same
+decoder run bidirectionally) or ``block_diffusion`` (``BlockDiffusionObjective``, BD3-LM's
+loss on the decoder's two-copy pass). The other keys belong to the diffusion names:
 
-- ``noise_schedule``: ``loglinear`` (MDLM's default) or ``cosine``.
+- ``noise_schedule`` (``masked_diffusion``): ``loglinear`` (MDLM's default) or ``cosine``;
+  ``block_diffusion`` runs BD3-LM's log-linear schedule and takes ``loglinear`` only.
+- ``block_size`` (``block_diffusion``, required): tokens per block, dividing the row length
+  ``data.seq_len``.
 - ``real_tokens``: ids ``0 .. real_tokens - 1`` are the data's; default: the largest id of
   ``data.tokens`` (and ``data.val_tokens``) plus one.
 - ``mask_id``: the absorbing id, ``>= real_tokens`` and below the model's vocabulary;
@@ -22,16 +26,18 @@ from typing import Any
 
 from dew.recipes.schema import ConfigError
 
-OBJECTIVE_NAMES = ("next_token", "masked_diffusion")
+OBJECTIVE_NAMES = ("next_token", "masked_diffusion", "block_diffusion")
+DIFFUSION_NAMES = ("masked_diffusion", "block_diffusion")
 NOISE_SCHEDULES = ("loglinear", "cosine")
 #: The ``objective`` keys of ``dew train lm`` besides ``ema_decay``.
-DIFFUSION_KEYS = ("name", "noise_schedule", "mask_id", "real_tokens")
+DIFFUSION_KEYS = ("name", "noise_schedule", "mask_id", "real_tokens", "block_size")
 
 
 def check_diffusion(options: Any, label: str = "objective") -> None:
     """Check what can be checked without the data: the names, that the diffusion keys
-    come with ``name: masked_diffusion`` only, and ``mask_id >= real_tokens`` when both
-    are set. ``options`` has the ``DIFFUSION_KEYS`` as attributes."""
+    come with a diffusion name only (``block_size`` with ``block_diffusion`` only, which
+    needs it), and ``mask_id >= real_tokens`` when both are set. ``options`` has the
+    ``DIFFUSION_KEYS`` as attributes."""
     name = options.name
     if name not in OBJECTIVE_NAMES:
         raise ConfigError(f"{label}.name: expected one of {', '.join(OBJECTIVE_NAMES)}, "
@@ -39,14 +45,18 @@ def check_diffusion(options: Any, label: str = "objective") -> None:
     if options.noise_schedule not in NOISE_SCHEDULES:
         raise ConfigError(f"{label}.noise_schedule: expected one of "
                           f"{', '.join(NOISE_SCHEDULES)}, got {options.noise_schedule!r}")  # fmt: skip
-    if name != "masked_diffusion":
+    _check_block_key(name, options.block_size, label)
+    if name == "block_diffusion" and options.noise_schedule != "loglinear":
+        raise ConfigError(f"{label}.noise_schedule: block_diffusion runs BD3-LM's loglinear "
+                          f"schedule only, got {options.noise_schedule!r}")  # fmt: skip
+    if name not in DIFFUSION_NAMES:
         given = {"noise_schedule": options.noise_schedule != "loglinear",
                  "mask_id": options.mask_id is not None,
                  "real_tokens": options.real_tokens is not None}  # fmt: skip
         for key, changed in given.items():
             if changed:
-                raise ConfigError(f"{label}.{key}: only {label}.name masked_diffusion takes "
-                                  f"it, got {label}.name {name}")  # fmt: skip
+                raise ConfigError(f"{label}.{key}: only {label}.name masked_diffusion or "
+                                  f"block_diffusion takes it, got {label}.name {name}")  # fmt: skip
         return
     for key in ("mask_id", "real_tokens"):
         value = getattr(options, key)
@@ -54,6 +64,17 @@ def check_diffusion(options: Any, label: str = "objective") -> None:
                                   or value < 0):  # fmt: skip
             raise ConfigError(f"{label}.{key}: expected an integer >= 0, got {value!r}")
     _check_ids(options.mask_id, options.real_tokens, None, label)
+
+
+def _check_block_key(name: str, size: Any, label: str) -> None:
+    if name != "block_diffusion":
+        if size is not None:
+            raise ConfigError(f"{label}.block_size: only {label}.name block_diffusion takes "
+                              f"it, got {label}.name {name}")  # fmt: skip
+        return
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"{label}.block_size: expected a positive integer (tokens per "
+                          f"block) for block_diffusion, got {size!r}")  # fmt: skip
 
 
 def _check_ids(mask: int | None, real: int | None, vocab: int | None, label: str) -> None:
@@ -90,8 +111,10 @@ def fill_diffusion_ids(config: Any, options: dict[str, Any], vocab: int, count: 
 def build_masked_diffusion(
     model: Any, width: int, options: Mapping[str, Any], *, pretrained: Any, where: str
 ) -> Any:
-    """``MaskedDiffusionObjective`` over rows of ``width`` ids; an unset ``mask_id`` is the
+    """``MaskedDiffusionObjective`` (or, with ``name: block_diffusion``,
+    ``BlockDiffusionObjective``) over rows of ``width`` ids; an unset ``mask_id`` is the
     model's last id and an unset ``real_tokens`` every id below the mask."""
+    from dew.objectives.block_diffusion import BlockDiffusionObjective
     from dew.objectives.masked_diffusion import MaskedDiffusionObjective
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", None)
@@ -99,18 +122,23 @@ def build_masked_diffusion(
     if schedule not in NOISE_SCHEDULES:
         raise ConfigError(f"{where}.noise_schedule: expected one of "
                           f"{', '.join(NOISE_SCHEDULES)}, got {schedule!r}")  # fmt: skip
+    block = options.get("name") == "block_diffusion"
+    if block:
+        _check_block_key("block_diffusion", options.get("block_size"), where)
     mask, real = options.get("mask_id"), options.get("real_tokens")
     if mask is None:
         mask = real if real is not None else (vocab or 1) - 1
     real = mask if real is None else real
     _check_ids(mask, real, vocab, where)
+    common = dict(mask_id=mask, real_tokens=real, pretrained=pretrained,
+                  ema_decay=options.get("ema_decay"))  # fmt: skip
     try:
-        return MaskedDiffusionObjective(model, width - 1, mask_id=mask, real_tokens=real,
-                                        schedule=schedule, pretrained=pretrained,
-                                        ema_decay=options.get("ema_decay"))  # fmt: skip
+        if block:
+            return BlockDiffusionObjective(model, width - 1, options["block_size"], **common)
+        return MaskedDiffusionObjective(model, width - 1, schedule=schedule, **common)
     except ValueError as err:
         raise ConfigError(f"{where}.{err}") from None
 
 
-__all__ = ["DIFFUSION_KEYS", "NOISE_SCHEDULES", "OBJECTIVE_NAMES", "build_masked_diffusion",
+__all__ = ["DIFFUSION_KEYS", "DIFFUSION_NAMES", "NOISE_SCHEDULES", "OBJECTIVE_NAMES", "build_masked_diffusion",
            "check_diffusion", "fill_diffusion_ids"]  # fmt: skip

@@ -6,8 +6,9 @@ options from a ``Stage``). Each passes a mapping of the kind's option keys:
 
 =========  =========================================================================
 lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``;
-           lm also ``name`` (``next_token`` or ``masked_diffusion``), ``noise_schedule``,
-           ``mask_id``, ``real_tokens`` (``dew.recipes.diffusion_config``)
+           lm also ``name`` (``next_token``, ``masked_diffusion`` or ``block_diffusion``),
+           ``noise_schedule``, ``mask_id``, ``real_tokens``, ``block_size``
+           (``dew.recipes.diffusion_config``)
 dpo        ``beta`` (default 0.1), ``nll_weight`` (default 0)
 grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``, ``top_k``,
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or
@@ -217,14 +218,15 @@ def _token_objective(
     kind: str, model: Any, width: int, o: Mapping[str, Any], pretrained: Any, where: str
 ) -> Any:
     """The objective of an ``lm`` or ``sft`` stage: ``LMObjective``, or (``lm`` with
-    ``name: masked_diffusion``) ``MaskedDiffusionObjective``."""
+    ``name: masked_diffusion`` / ``block_diffusion``) ``MaskedDiffusionObjective`` /
+    ``BlockDiffusionObjective``."""
     name = o.get("name", "next_token")
     if name != "next_token":
-        from dew.recipes.diffusion_config import build_masked_diffusion
+        from dew.recipes.diffusion_config import DIFFUSION_NAMES, build_masked_diffusion
 
-        if name != "masked_diffusion":
-            raise ConfigError(f"{where}.name: expected next_token or masked_diffusion, "
-                              f"got {name!r}")  # fmt: skip
+        if name not in DIFFUSION_NAMES:
+            raise ConfigError(f"{where}.name: expected next_token, masked_diffusion or "
+                              f"block_diffusion, got {name!r}")  # fmt: skip
         return build_masked_diffusion(model, width, o, pretrained=pretrained, where=where)
     from dew.data.chat import Role
     from dew.objectives.lm import LMObjective

@@ -92,7 +92,7 @@ def prepare(config: TrainConfig, stack: contextlib.ExitStack | None = None) -> P
     }
     if config.kind in ("lm", "sft"):  # the keys of the other kind keep their defaults
         options = {k: v for k, v in options.items() if k in OPTION_KEYS[config.kind]}
-    if options.get("name") == "masked_diffusion":  # the mask id takes a row of its own
+    if options.get("name") in ("masked_diffusion", "block_diffusion"):  # the mask id's row
         from dew.recipes.diffusion_config import fill_diffusion_ids
 
         vocab = fill_diffusion_ids(config, options, vocab, token_count(config))

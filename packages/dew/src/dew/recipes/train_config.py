@@ -170,15 +170,16 @@ class GRPOData:
 class LMObjectiveConfig:
     """``ema_decay``: keep a moving average of the weights; ``all_tokens`` (SFT): count every
     token in the loss, not only the assistant's; ``name`` (LM), ``noise_schedule``,
-    ``mask_id``, ``real_tokens``: the loss and its masked-diffusion keys
+    ``mask_id``, ``real_tokens``, ``block_size``: the loss and its diffusion keys
     (``dew.recipes.diffusion_config``)."""
 
     ema_decay: float | None = None
     all_tokens: bool = False
-    name: Literal["next_token", "masked_diffusion"] = "next_token"
+    name: Literal["next_token", "masked_diffusion", "block_diffusion"] = "next_token"
     noise_schedule: Literal["loglinear", "cosine"] = "loglinear"
     mask_id: int | None = None
     real_tokens: int | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         check_diffusion(self)
