@@ -70,6 +70,7 @@ def add_commands(commands: Any) -> None:
     )
     generate.add_argument("--out", default=None, metavar="FILE.jsonl",
                           help="write the lines here, atomically (default: stdout)")  # fmt: skip
+    _canvas_flags(generate)
     evaluate = _command(
         commands,
         "eval",
@@ -84,6 +85,23 @@ def add_commands(commands: Any) -> None:
                           help="keyword arguments of a reward class, a JSON object")  # fmt: skip
     evaluate.add_argument("--out", default=None, metavar="FILE.json",
                           help="write per-completion rewards and the summary here, atomically")  # fmt: skip
+
+
+def _canvas_flags(parser: argparse.ArgumentParser) -> None:
+    """``dew generate``'s canvas generation flags (masked-diffusion checkpoints)."""
+    add = parser.add_argument
+    add("--canvas-steps", type=int, default=None, metavar="N", help="fill a canvas of "
+        "--max-new-tokens mask ids in N steps (a masked-diffusion checkpoint) instead of "
+        "decoding left to right")  # fmt: skip
+    add("--remasking", choices=("low_confidence", "ancestral"), default="low_confidence",
+        help="with --canvas-steps: LLaDA's low-confidence remasking or MDLM's ancestral "
+        "sampler (default low_confidence)")  # fmt: skip
+    add("--block-length", type=int, default=None, metavar="L", help="with --canvas-steps: "
+        "fill L positions at a time, left to right (default: all at once)")  # fmt: skip
+    add("--block-causal", action="store_true", help="with --block-length: read the canvas "
+        "block-causally (a block diffusion checkpoint)")  # fmt: skip
+    add("--mask-id", type=int, default=None, help="with --canvas-steps: the mask id "
+        "(default: the model's last id)")  # fmt: skip
 
 
 def _sampling(args: argparse.Namespace, eos_id: int | None, default_temperature: float) -> Any:
@@ -118,7 +136,14 @@ def run_generate(args: argparse.Namespace) -> int:
     from dew.recipes.generate import generate
 
     loaded, prompts = _load(args)
-    records = generate(loaded, prompts, **_options(args, loaded, 1.0))
+    if args.canvas_steps is not None:
+        from dew.recipes.generate_canvas import CanvasOptions, generate_canvas
+
+        options = CanvasOptions(args.canvas_steps, args.remasking, args.block_length,
+                                args.block_causal, args.mask_id)  # fmt: skip
+        records = generate_canvas(loaded, prompts, options, **_options(args, loaded, 1.0))
+    else:
+        records = generate(loaded, prompts, **_options(args, loaded, 1.0))
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     if args.out is None:
         sys.stdout.write(text)
