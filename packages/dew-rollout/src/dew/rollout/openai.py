@@ -28,7 +28,7 @@ import numpy as np
 from dew.inference.canvas.config import refuse_canvas
 from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
-from dew.rollout.http import field, post_json
+from dew.rollout.http import field
 from dew.rollout.likelihood import check_completions
 from dew.rollout.remote import RemoteServer, Weights, choice_ending, float_list, int_list
 from dew.sampling import Sampling
@@ -110,7 +110,7 @@ class OpenAIRolloutServer(RemoteServer):
     def request_body(self, prompt: np.ndarray, max_new_tokens: int, seed: int) -> dict[str, Any]:
         """The JSON body of one completions request."""
         body: dict[str, Any] = {
-            "model": self.completion.name,
+            "model": self.served_model(self.completion.name),
             "prompt": [int(i) for i in prompt],
             "max_tokens": int(max_new_tokens),
             "seed": int(seed),
@@ -127,7 +127,7 @@ class OpenAIRolloutServer(RemoteServer):
     def _draw(self, prompt: np.ndarray, max_new_tokens: int, seed: int, version: int) -> Draw:
         client = self.completion.client
         url = str(client.base_url.join("/v1/completions"))
-        payload = post_json(
+        payload = self.post_model(
             client, "/v1/completions", self.request_body(prompt, max_new_tokens, seed)
         )
         choices = field(payload, "choices", url, list)

@@ -75,6 +75,13 @@ class Publication:
     def version(self) -> int:
         return self._version
 
+    @property
+    def served_name(self) -> str | None:
+        """The model name requests should send, when the push chooses it (an
+        `AdapterReload` names each adapter version); None when the push has no say."""
+        name = getattr(self.push, "served_name", None)
+        return name if isinstance(name, str) and name else None
+
     def load(self, variables: Any, version: int) -> None:
         """Push `variables` as `version`; `version` moves only if the push and the stamp
         both succeed (on every process). Raises `PushFailed` otherwise."""

@@ -6,6 +6,9 @@ publishers pause an engine with in-flight requests finishing first (vLLM `mode=w
 SGLang's own wait), so a request already running finishes on the weights it started with,
 and one that arrives during a push is held and served by the new weights: the version
 taken at submit is then the oldest weights that can have produced any of its tokens.
+An adapter push (`AdapterReload`) pauses nothing: a request names the served adapter when
+it is posted (`served_model`), so all its tokens come from that one adapter, the one of
+its version or a newer one.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
+import httpx
 import numpy as np
 
 from dew.rollout.draw import Draw, check_budget, check_prompt
-from dew.rollout.errors import MalformedResponse
+from dew.rollout.errors import EngineHTTPError, MalformedResponse
+from dew.rollout.http import post_json
 
 
 class Weights(Protocol):
@@ -70,6 +75,24 @@ class RemoteServer:
             version = self.version
             request_seed = next(self._seeds) if seed is None else int(seed)
             return self._pool.submit(self._draw, prompt, budget, request_seed, version)
+
+    def served_model(self, default: str | None) -> str | None:
+        """The name a request sends as `model`: the publisher's `served_name` when it has
+        one (an `AdapterReload` switches it at each push), else `default`."""
+        name = getattr(self.weights, "served_name", None)
+        return name if isinstance(name, str) and name else default
+
+    def post_model(self, client: httpx.Client, url: str, body: dict[str, Any]) -> Any:
+        """POST `body` (whose `model` is `served_model`'s) and decode the answer; when the
+        engine answers 404 and the served name moved meanwhile (a push retired the name
+        this request read just before it switched), post once more under the new name."""
+        try:
+            return post_json(client, url, body)
+        except EngineHTTPError as error:
+            name = self.served_model(None)
+            if error.status != 404 or name is None or name == body.get("model"):
+                raise
+            return post_json(client, url, {**body, "model": name})
 
     def load(self, variables: Any, version: int) -> None:
         """Publish `variables` as `version` through the weight publisher."""

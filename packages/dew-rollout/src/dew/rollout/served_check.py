@@ -40,8 +40,8 @@ def engine_prompt_log_probs(server: Any, ids: list[int]) -> np.ndarray:
     """vLLM's log-probability of each id after the first, ``[len(ids) - 1]`` float32 (the
     completions route with ``prompt_logprobs: 0`` returns the prompt's own ids)."""
     completion = server.completion
-    body = {"model": completion.name, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0,
-            "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
+    body = {"model": server.served_model(completion.name), "prompt": ids, "max_tokens": 1,
+            "prompt_logprobs": 0, "logprobs": 0, "return_tokens_as_token_ids": True}  # fmt: skip
     answer = completion.client.post("/v1/completions", json=body)
     answer.raise_for_status()
     entries = answer.json()["choices"][0]["prompt_logprobs"][1:]

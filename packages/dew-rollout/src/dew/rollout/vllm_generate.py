@@ -24,7 +24,7 @@ import numpy as np
 from dew.inference.canvas.config import refuse_canvas
 from dew.rollout.draw import Draw
 from dew.rollout.errors import MalformedResponse
-from dew.rollout.http import field, post_json
+from dew.rollout.http import field
 from dew.rollout.likelihood import check_token_route
 from dew.rollout.remote import RemoteServer, Weights, choice_ending, float_list, int_list
 from dew.sampling import Sampling
@@ -77,7 +77,11 @@ class VLLMGenerateServer(RemoteServer):
         }
         if self.sampling.eos_ids:
             params["stop_token_ids"] = list(self.sampling.eos_ids)
-        return {"token_ids": [int(i) for i in prompt], "sampling_params": params}
+        body: dict[str, Any] = {"token_ids": [int(i) for i in prompt], "sampling_params": params}
+        name = self.served_model(None)
+        if name is not None:  # an adapter push names the served adapter
+            body["model"] = name
+        return body
 
     def close(self) -> None:
         super().close()
@@ -85,7 +89,7 @@ class VLLMGenerateServer(RemoteServer):
 
     def _draw(self, prompt: np.ndarray, max_new_tokens: int, seed: int, version: int) -> Draw:
         url = self.base_url + ROUTE
-        payload = post_json(self.client, url, self.request_body(prompt, max_new_tokens, seed))
+        payload = self.post_model(self.client, url, self.request_body(prompt, max_new_tokens, seed))
         choices = field(payload, "choices", url, list)
         if len(choices) != 1:
             raise MalformedResponse(f"choices: expected one choice, got {len(choices)}", url)

