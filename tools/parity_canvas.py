@@ -25,8 +25,9 @@ unmasked. Every ``torch.rand_like`` the references call returns the next array o
 numpy stream instead (recorded as ``draws``). Each case records the canvas after each step
 (``steps``), the final canvas, ``order`` (the step at which each position was unmasked,
 MDLM's noise removal counting as step ``steps``, -1 for the prompt) and ``margin``: the
-smallest relative gap between the best and second-best score of a decision the sampler
-made, which bounds how much float noise the parity test tolerates.
+smallest relative gap between the best and second-best score of a token the sampler drew
+and, for LLaDA, ``rank_margin``: the smallest relative gap between the last confidence kept
+and the next one, which bound how much float noise the parity test tolerates.
 
 Writes ``tests/fixtures/canvas/canvas.npz`` and ``canvas.json`` only when they change.
 """
@@ -73,9 +74,19 @@ class DrawStream:
     def __init__(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.draws: list[np.ndarray] = []
+        self.gaps: list[float] = []
 
     def __getattr__(self, name: str) -> object:
         return getattr(torch, name)
+
+    def topk(self, values: torch.Tensor, k: object) -> object:
+        """LLaDA's choice of the k most confident positions; records the relative gap between
+        the k-th and the next finite confidence."""
+        top = torch.sort(values.to(torch.float64), descending=True).values
+        n = int(k)  # type: ignore[call-overload]
+        if n and n < top.numel() and torch.isfinite(top[n]):
+            self.gaps.append(float((top[n - 1] - top[n]) / top[n - 1]))
+        return torch.topk(values, k=k)
 
     def rand_like(self, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         dtype = like.dtype if dtype is None else dtype
@@ -235,6 +246,7 @@ def llada_case(name: str) -> dict[str, np.ndarray]:
         "final": final.astype(np.int32),
         "order": order_of([*record[1:], final], start),
         "margin": np.float64(min(gaps)),
+        "rank_margin": np.float64(min(stream.gaps)),
     }
 
 
@@ -277,7 +289,11 @@ def main() -> None:
     ]
     print(f"canvas: {sum(wrote)} of 2 files rewritten in {OUT}")
     for name in [*MDLM_CASES, *LLADA_CASES]:
-        print(f"{name}: smallest decision margin {float(fixture[f'{name}/margin']):.3g}")
+        ranks = fixture.get(f"{name}/rank_margin")
+        extra = "" if ranks is None else f", confidence ranking {float(ranks):.3g}"
+        print(
+            f"{name}: smallest margin of a token draw {float(fixture[f'{name}/margin']):.3g}{extra}"
+        )
 
 
 if __name__ == "__main__":

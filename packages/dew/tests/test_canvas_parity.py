@@ -5,9 +5,10 @@ function (``table[l] + pair[x[l - 1]]``, no network) and a recorded stream of un
 draws: the final canvas and the step at which each position was unmasked. Here Dew's loop
 (``dew.inference.canvas.loop.fill``) reads the same logits function and the same draws
 (LLaDA's float64 draws rounded to float32), and must unmask the same positions at the same
-steps with the same tokens. The sidecar's ``margin`` is the smallest relative gap between
-the best and second-best score of any reference decision (>= 4e-3 here), far above the
-float32 rounding (~1e-7) that could flip one.
+steps with the same tokens. The fixture's ``margin`` is the smallest relative gap between
+the best and second-best score of any token the reference drew (>= 4e-3 here) and, for
+LLaDA, ``rank_margin`` the smallest relative gap between the last confidence kept and the
+next (>= 1.3e-3): both far above the float32 rounding (~1e-7) that could flip a decision.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def test_low_confidence_matches_llada(name: str) -> None:
     ids, order = _run(name, canvas, Sampling(temperature=temperature), start, prompt_len)
     np.testing.assert_array_equal(order, REF[f"{name}/order"])
     np.testing.assert_array_equal(ids, REF[f"{name}/final"])
-    assert float(REF[f"{name}/margin"]) > 1e-3
+    assert min(float(REF[f"{name}/margin"]), float(REF[f"{name}/rank_margin"])) > 5e-4
 
 
 def test_the_loop_is_not_a_copy_of_the_fixture() -> None:
