@@ -24,8 +24,8 @@ imports included). The rules:
   objective (only the protocol in ``dew.objectives.base``), no session and no collector
   (only the protocol in ``dew.rollouts.protocol``); ``dew.objectives`` no collector but
   ``dew.rollouts.policy`` (``PPOObjective.policy``); all of them may use the leaves
-  ``dew.files``, ``dew.checks``, ``dew.progress``, ``dew.lazy``, ``dew.processes`` and
-  ``dew.mesh``,
+  ``dew.files``, ``dew.checks``, ``dew.progress``, ``dew.lazy``, ``dew.processes``,
+  ``dew.compile_cache`` and ``dew.mesh``,
   which import nothing of ``dew``, and neither does ``dew.rollouts.protocol``; ``dew.png``
   and the leaf ``dew.journal_files`` import nothing of ``dew`` but the other leaves.
 
@@ -266,6 +266,7 @@ LEAVES = (
     "dew.processes",
     "dew.mesh",
     "dew.journal_files",
+    "dew.compile_cache",
 )
 INNER = {  # a part of dew -> the parts of dew (besides itself and the leaves) it may import
     "dew.data": (),
@@ -294,6 +295,7 @@ SELF_CONTAINED = (
     "dew.lazy",
     "dew.processes",
     "dew.mesh",
+    "dew.compile_cache",
     "dew.rollouts.protocol",
 )
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dew.cli_flags import FLAGS as _FLAGS
+from dew.cli_flags import SWITCHES as _SWITCHES
 
 _EXAMPLES = {
     "lm": "dew train lm --tokens tokens.bin --run-dir runs/lm --steps 1000 --lr 3e-4 "
@@ -99,14 +100,9 @@ def _add_train_kind(kinds: Any, kind: str) -> None:
                         metavar="KEY=VALUE",
                         help="override one config key, e.g. optimizer.learning_rate=1e-5 "
                         "(repeatable)")  # fmt: skip
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=argparse.SUPPRESS,
-        dest="run.progress",
-        help="draw a progress bar (default: only when stderr is a terminal; otherwise a "
-        "plain log line every --log-every steps) [run.progress]",
-    )
+    for name, key, text in _SWITCHES:
+        parser.add_argument(f"--{name}", action=argparse.BooleanOptionalAction,
+                            default=argparse.SUPPRESS, dest=key, help=f"{text} [{key}]")  # fmt: skip
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     for flags, key, kind_type, text, kinds_for in _FLAGS:
         if kinds_for is not None and kind not in kinds_for:
@@ -385,6 +381,10 @@ _INPUT_ERRORS = (
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if args.command != "train":  # dew train: run_train follows run.compile_cache
+        from dew.compile_cache import configure
+
+        configure()
     if args.command == "train":
         return _train(args)
     if args.command == "chain":

@@ -43,6 +43,9 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
     (("--resume-from",), "run.resume_from", str,
      "continue from this checkpoint instead of the newest: a step of RUN_DIR's checkpoints "
      "or a checkpoint directory (.../checkpoints/step_NNNNNNNN)", None),
+    (("--compile-cache-dir",), "run.compile_cache_dir", str,
+     "keep JAX's compiled programs here (default: DEW_COMPILE_CACHE_DIR, else "
+     "$XDG_CACHE_HOME/dew/jax; dew.compile_cache)", None),
     (("--lora-rank",), "lora.rank", int, "train a LoRA adapter of this rank on the frozen "
      "base instead of every weight (the adapter is written to RUN_DIR/adapter)",
      ("lm", "sft", "dpo", "grpo")),
@@ -144,4 +147,13 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
      "clip the critic's predictions to the recorded values +- this", ("ppo",)),
 )  # fmt: skip
 
-__all__ = ["FLAGS"]
+#: On/off flags (``--NAME`` / ``--no-NAME``): (name, config key, help); unset, the key keeps
+#: its config or default value.
+SWITCHES: tuple[tuple[str, str, str], ...] = (
+    ("progress", "run.progress", "draw a progress bar (default: only when stderr is a "
+     "terminal; otherwise a plain log line every --log-every steps)"),
+    ("compile-cache", "run.compile_cache", "keep compiled programs on disk for the next run "
+     "(default: on unless DEW_COMPILE_CACHE=0)"),
+)  # fmt: skip
+
+__all__ = ["FLAGS", "SWITCHES"]

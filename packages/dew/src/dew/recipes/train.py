@@ -250,7 +250,11 @@ def run_train(config: TrainConfig) -> Any:
 
     What the run holds open (a ``code`` reward's sandbox fleet, an asynchronous rollout's
     engine and scheduler, tool workers) is closed when it returns or raises, the latest
-    opened first."""
+    opened first. JAX's persistent compilation cache follows ``run.compile_cache`` and
+    ``run.compile_cache_dir`` (``dew.compile_cache.configure``)."""
+    from dew.compile_cache import configure
+
+    configure(config.run.compile_cache, config.run.compile_cache_dir)
     with contextlib.ExitStack() as stack:
         return _train(config, prepare(config, stack), stack)
 

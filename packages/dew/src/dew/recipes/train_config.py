@@ -80,6 +80,8 @@ class RunConfig:
     trackers: str = ""
     fresh: bool = False
     resume_from: str | None = None
+    compile_cache: bool | None = None  # None: DEW_COMPILE_CACHE decides, else on
+    compile_cache_dir: str | None = None  # dew.compile_cache.configure's directory
 
     def __post_init__(self) -> None:
         from dew.trainer.tracker import TRACKERS
@@ -96,8 +98,9 @@ class RunConfig:
                      "checkpoint_every", "keep"):  # fmt: skip
             positive(getattr(self, name), f"run.{name}")
         directory_path(self.run_dir, "run.run_dir")
-        if self.export:
-            directory_path(self.export, "run.export")
+        for key in ("export", "compile_cache_dir"):
+            if getattr(self, key):
+                directory_path(getattr(self, key), f"run.{key}")
         if self.batch % self.microbatches:
             raise ConfigError(
                 f"run.microbatches: {self.microbatches} does not divide run.batch {self.batch}"

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import optax
 
+from dew.compile_cache import configure_default
 from dew.data.dataset import Dataset, Partition
 from dew.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.objectives.base import (
@@ -81,6 +82,10 @@ class Trainer:
         validation is due (``fit(eval_every=...)``), after the objective's own ``evaluate``;
         its metrics join the record as ``val/<name>`` (e.g. a held-out reward of greedy
         completions, ``dew.recipes.reward_eval.HeldOutReward``).
+
+    Making a Trainer turns on JAX's persistent compilation cache (``dew.compile_cache``)
+    unless this process already chose (``dew.compile_cache.configure``, the ``dew`` command
+    line) or ``DEW_COMPILE_CACHE=0`` says no.
     """
 
     def __init__(
@@ -110,6 +115,7 @@ class Trainer:
             raise ValueError(f"microbatches: expected an integer >= 1, got {microbatches!r}")
         if checkpoint_every is not None and checkpoint_every < 1:
             raise ValueError(f"checkpoint_every: expected None or >= 1, got {checkpoint_every!r}")
+        configure_default()  # the persistent compile cache, unless an entry point chose
         self.objective = objective
         self.optimizer = optimizer
         self.rollout = rollout
