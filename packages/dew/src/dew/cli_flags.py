@@ -81,6 +81,9 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
      "vocabulary size (default: the tokenizer's, or the largest id in the data + 1)", None),
     (("--dtype",), "model.dtype", str,
      "compute dtype: float32, bfloat16 or float16 (parameters stay float32)", None),
+    (("--remat",), "model.remat", str, "recompute each decoder layer's activations in the "
+     "backward pass to save memory: none, full, dots_saveable (keep matmul outputs) or "
+     "dots_with_no_batch_dims_saveable; weights and checkpoints are the same", None),
     (("--tokens",), "data.tokens", str, "token file: .npy, or raw ids (.bin) of --token-dtype "
      "(required)", ("lm",)),
     (("--token-dtype",), "data.token_dtype", str, "dtype of a raw token file", ("lm",)),

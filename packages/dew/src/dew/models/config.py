@@ -15,6 +15,8 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from dew.models.remat import check_remat
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -95,6 +97,9 @@ class DecoderConfig:
     W = 1 lets a token see only itself, W >= T equals full attention.
     dtype: compute dtype name ("float32" or "bfloat16"); parameters stay float32.
     init_std: standard deviation of the normal initializer.
+    remat: gradient checkpointing of each decoder layer (`dew.models.remat`): "none",
+    "full", "dots_saveable" or "dots_with_no_batch_dims_saveable"; it changes memory and
+    time only, never the parameters or what a checkpoint holds (config.json leaves it out).
     """
 
     vocab_size: int
@@ -115,6 +120,7 @@ class DecoderConfig:
     sliding_window: int | None = None
     dtype: str = "float32"
     init_std: float = 0.02
+    remat: str = "none"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "emb_features", "num_layers", "num_heads", "mlp_features"):
@@ -149,6 +155,7 @@ class DecoderConfig:
             not isinstance(window, int) or isinstance(window, bool) or window <= 0
         ):
             raise ValueError(f"sliding_window: expected a positive int or None, got {window!r}")
+        check_remat(self.remat)
 
     @property
     def compute_dtype(self) -> Any:

@@ -45,6 +45,8 @@ class ModelConfig:
     ``vocab_size`` and ``max_seq_len`` default to what the data needs (the caller passes
     them); ``mlp_features`` to four times ``emb_features``; ``num_kv_heads`` to ``num_heads``.
     With ``pretrained`` every size key is ignored and the directory's config is used.
+    ``remat`` is the decoder layers' gradient checkpointing (``dew.models.remat``: ``none``,
+    ``full``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``), fresh or pretrained.
     """
 
     name: str = "qwen3"
@@ -57,6 +59,7 @@ class ModelConfig:
     max_seq_len: int | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     pretrained: str | None = None
+    remat: Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"] = "none"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "emb_features", "num_layers", "num_heads", "num_kv_heads",
@@ -182,7 +185,10 @@ def build_model(
             raise ConfigError(
                 f"model.pretrained: the model covers {positions} positions, fewer than {source}"
             )
-        return loaded.model, dict(loaded.variables)
+        model = loaded.model
+        if config.remat != "none":  # the same weights, layers under jax.checkpoint
+            model = type(model)(model.config.replace(remat=config.remat))
+        return model, dict(loaded.variables)
     vocab = config.vocab_size if config.vocab_size is not None else vocab_size
     if vocab is None:
         raise ConfigError("model.vocab_size: required when the data does not give it")
@@ -205,6 +211,7 @@ def build_model(
         num_kv_heads=config.num_kv_heads,
         mlp_features=config.mlp_features or 4 * config.emb_features,
         dtype=config.dtype,
+        remat=config.remat,
         **options,
     )
     return model, None
