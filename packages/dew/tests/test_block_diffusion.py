@@ -125,3 +125,23 @@ def test_each_noised_block_matches_block_causal_decoding(model, variables, two_c
         row = jnp.concatenate([clean[:, : end - 4], noised[:, end - 4 : end]], axis=1)
         alone = np.asarray(model.apply(variables, row, causal=False, block_size=4))
         np.testing.assert_allclose(both[0, end - 4 : end], alone[0, end - 4 :], atol=2e-5)
+
+
+def test_packed_documents_cost_what_they_cost_alone(model, variables) -> None:  # noqa: ANN001
+    """Fully masked blocks (clip [1, 1]) leave nothing random: a row packing documents of 5
+    and 3 tokens costs the sum of each document alone, blocks restarting at each one."""
+    bd3 = BlockDiffusionObjective(model, L, 2, MASK, MASK, mask_rate_min=1.0, mask_rate_max=1.0)
+    loss = jax.jit(bd3.loss)
+    ids = jax.random.randint(jax.random.key(7), (1, L + 1), 0, MASK)
+    packed = jnp.array([[1, 1, 1, 1, 1, 2, 2, 2, 0]])
+    first = jnp.array([[1, 1, 1, 1, 1, 0, 0, 0, 0]])
+    second = jnp.array([[1, 1, 1, 0, 0, 0, 0, 0, 0]])
+    shifted = jnp.roll(ids, -5, axis=1)
+    key = jax.random.key(8)
+    both, weight, _ = loss(variables, {"text": ids, "text_segment_ids": packed}, key)
+    alone = [
+        loss(variables, {"text": ids, "text_segment_ids": first}, key),
+        loss(variables, {"text": shifted, "text_segment_ids": second}, key),
+    ]
+    assert float(weight) == 8 and [float(w) for _, w, _ in alone] == [5, 3]
+    assert float(both) == pytest.approx(sum(float(t) for t, _, _ in alone), rel=2e-5)
