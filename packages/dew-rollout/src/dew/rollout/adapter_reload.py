@@ -28,8 +28,11 @@ newest stays on disk by default.
 
 Names are `<base name>-lora-v<version>`, with `-<n>` appended when a version is pushed
 again (vLLM keys its prefix cache by adapter name, so a name is never reused for other
-weights). A push that fails on any replica raises `PushFailed`; the served name does not
-move, and the new name is unloaded again from the replicas that took it.
+weights). A load that fails on any replica raises `PushFailed`; the served name does not
+move, and the new name is unloaded again from the replicas that took it. An unload of the
+previous adapter that fails also raises `PushFailed` (naming the unload route), but after
+the switch: `Publication`'s version then stays behind the served adapter, so draws carry
+an older version than the adapter that made them, never a newer one.
 """
 
 from __future__ import annotations
