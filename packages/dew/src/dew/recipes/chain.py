@@ -27,6 +27,8 @@ keys, as ``dew train`` does (``build_stage``). A GRPO or PPO stage's ``rollout``
 (``dew.recipes.async_run``). A stage with an environment ``source`` (no data) trains GRPO or
 PPO on tool episodes as ``dew train`` does (``dew.recipes.environment_run``). A
 ``dew.recipes.flow_stage.FlowStage`` runs ``dew-flow``'s Flow-GRPO on its own image model.
+A stage with a ``lora`` trains an adapter on its frozen start and hands on the merged
+weights (``dew.recipes.chain_lora``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import jax
 
 from dew.checks import is_int
 from dew.recipes.chain_checks import PPO_ONLY, check_stage
+from dew.recipes.chain_lora import MERGED, hand_off
 from dew.recipes.chain_parts import stage_parts, stage_seed
 from dew.recipes.flow_stage import FlowStage
 from dew.recipes.ppo_stage import PPO_KEYS
@@ -88,6 +91,10 @@ class Stage(GRPOLoss, RewardShapingOptions):
       source: a ``dew.recipes.source_config.SourceConfig`` of kind ``environment``: GRPO
         (or PPO, with ``kind="ppo"``) on tool episodes (``data`` and ``reward`` None,
         ``eos_id`` required); None: the data.
+      lora: a ``dew.models.lora.LoraConfig``: the stage trains that adapter on its starting
+        weights, frozen (``LoraObjective``; PPO: ``LoraPPOObjective``, the critic in full),
+        its reference the adapter-off start, and hands the merged weights on
+        (``dew.recipes.chain_lora``); None (the default): every weight trains.
 
     GRPO's loss options (``dew.recipes.stages.GRPOLoss``) and the reward-shaping keys
     (``dew.recipes.shaping_config``), as ``dew train``'s, are keyword-only fields too.
@@ -114,6 +121,7 @@ class Stage(GRPOLoss, RewardShapingOptions):
     value_clip: float | None = None
     critic_from_policy: bool | None = None
     source: Any = None
+    lora: Any = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", check_stage(self))  # dew.recipes.chain_checks
@@ -144,6 +152,8 @@ class Recipe:
       progress: a progress bar per stage (None: only when stderr is a terminal).
       checkpoint_every: also checkpoint every this many steps inside a stage (None: only at
         the end of each stage), so a killed run resumes mid-stage.
+      base_path: where ``pretrained`` was read from, recorded as the base of a first stage
+        that trains an adapter (None: not recorded).
     """
 
     model: Any
@@ -156,6 +166,7 @@ class Recipe:
     log_every: int | None = None
     progress: bool | None = None
     checkpoint_every: int | None = None
+    base_path: str | None = None
 
     def __post_init__(self) -> None:
         self.stages = tuple(self.stages)
@@ -181,19 +192,20 @@ class Recipe:
 
     def objective(self, stage: Stage, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
         """The objective and rollout (None unless GRPO or PPO) a stage trains with."""
-        return stage_parts(self, stage, start, 0)[:2]
+        return stage_parts(self, stage, start, 0, self.base_path)[:2]
 
     def run(self) -> list[Any]:
         """Train (or restore) every stage in order; returns each stage's final ``TrainState``.
 
         A text stage starts from the last text stage's policy (a ``FlowStage`` in between
-        trains its own model and passes nothing on)."""
+        trains its own model and passes nothing on); after an adapter stage, that policy is
+        the merged weights written to ``output / stage.name / "merged"``."""
         from dew.trainer import Trainer
 
         output = Path(self.output)
         output.mkdir(parents=True, exist_ok=True)
         start = None if self.pretrained is None else jax.device_get(self.pretrained)
-        states = []
+        base_path, states = self.base_path, []
         # every stage's data is read (and checked) before the first stage trains
         datasets = [stage.data.load(self.batch) if isinstance(stage, Stage) and stage.data
                     is not None else None for stage in self.stages]  # fmt: skip
@@ -204,7 +216,7 @@ class Recipe:
                                           progress=self.progress,
                                           checkpoint_every=self.checkpoint_every))  # fmt: skip
                 continue
-            objective, rollout, data, opened = stage_parts(self, stage, start, index)
+            objective, rollout, data, opened = stage_parts(self, stage, start, index, base_path)
             trainer = Trainer(
                 objective,
                 self.optimizer(stage) if callable(self.optimizer) else self.optimizer,
@@ -226,6 +238,11 @@ class Recipe:
                 state = trainer.fit(data, steps=stage.steps, log_every=self.log_every,
                                     run_dir=output / stage.name)  # fmt: skip
             states.append(state)
+            base_path = str(output / stage.name)
+            if stage.lora is not None:  # the adapter folded in, read back from merged/
+                start = hand_off(objective, state, output / stage.name, self.model)
+                base_path = str(output / stage.name / MERGED)
+                continue
             # host copy: the next stage's compiled steps donate their own device buffers
             start = jax.device_get(state.params)
             policy_of = getattr(objective, "policy_variables", None)  # PPO: drop the critic

@@ -68,7 +68,28 @@ def check_stage(stage: Any) -> str:
             f"got {type(stage.rollout).__name__}"
         )
     _check_sampling(stage)
+    _check_lora(stage)
     return kind
+
+
+def _check_lora(stage: Any) -> None:
+    """Refuse a ``lora`` that is not a ``LoraConfig``, and one on tool episodes or with an
+    asynchronous rollout (adapters are not served to engines or tool workers)."""
+    from dew.models.lora import LoraConfig
+
+    if stage.lora is None:
+        return
+    if not isinstance(stage.lora, LoraConfig):
+        raise TypeError(
+            f"Stage.lora ({stage.name}): expected a LoraConfig or None, "
+            f"got {type(stage.lora).__name__}"
+        )
+    if stage.source is not None or (stage.rollout is not None and stage.rollout.is_async):
+        raise ValueError(
+            f"Stage.lora ({stage.name}): expected a stage on data with rollout.mode sync "
+            "(adapters are not served to engines or tool workers yet), got "
+            + ("an environment source" if stage.source is not None else "rollout.mode async")
+        )
 
 
 def _check_sampling(stage: Any) -> None:

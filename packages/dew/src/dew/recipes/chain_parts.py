@@ -15,13 +15,18 @@ from typing import Any
 
 import jax
 
+from dew.recipes.chain_lora import stage_adapter
 from dew.recipes.shaping_config import SHAPING_KEYS
 from dew.recipes.stages import LOSS_KEYS, build_stage
 
 
-def stage_parts(recipe: Any, stage: Any, start: Any, index: int) -> tuple[Any, Any, Any, Any]:
+def stage_parts(
+    recipe: Any, stage: Any, start: Any, index: int, base_path: str | None = None
+) -> tuple[Any, Any, Any, Any]:
     """The objective, the rollout, the data (None: the stage's dataset) and the run
-    directory's ``start`` callback (None: nothing to open) of ``stage``."""
+    directory's ``start`` callback (None: nothing to open) of ``stage``; a stage with a
+    ``lora`` trains an adapter on ``start``, recording ``base_path`` as its base
+    (``dew.recipes.chain_lora``)."""
     data, kind = stage.data, str(stage.kind)  # Stage.__post_init__ resolved the kind
     options: dict[str, Any] = {}
     grpo = {"beta": stage.beta, "groups": stage.groups,
@@ -52,7 +57,8 @@ def stage_parts(recipe: Any, stage: Any, start: Any, index: int) -> tuple[Any, A
         width = data.seq_len + 1
     objective, rollout = build_stage(kind, recipe.model, width, options, pretrained=start,
                                      reward=stage.reward, decode=stage.decode,
-                                     where=f"Stage ({stage.name})")  # fmt: skip
+                                     where=f"Stage ({stage.name})",
+                                     adapter=stage_adapter(stage, base_path))  # fmt: skip
     return objective, rollout, None, None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dew.checks import is_int
+from dew.recipes.chain_lora import stage_lora
 from dew.recipes.references import local_path, make_reward
 from dew.recipes.schema import ConfigError, check_value, unknown_key
 
@@ -114,6 +115,7 @@ def chain_stage(config: Mapping[str, Any], spec: Any, where: str, at: tuple[Path
     for key in spec:
         if key not in valid:
             raise unknown_key(where, str(key), valid)
+    spec["lora"] = stage_lora(config, spec, where)  # dew.recipes.chain_lora
     source = stage_source(spec, where, base)  # tool episodes instead of data
     if source is not None:
         from dew.recipes.environment_run import episode_source

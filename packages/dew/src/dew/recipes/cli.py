@@ -34,7 +34,10 @@ A GRPO stage may give ``dew train grpo``'s ``source`` section (``kind: environme
 episodes against a worker, no ``data`` or ``reward``; ``dew.recipes.source_config.stage_source``,
 errors named ``stages.N.source.<key>``). A stage of ``kind: flow`` (alias ``flow-grpo``) gives
 ``dew train flow``'s sections but ``run`` (``dew.recipes.flow_stage``); ``model`` is required
-only when a text stage needs the decoder.
+only when a text stage needs the decoder. A ``lora`` section (top level: every text stage;
+a stage's own keys merged over it, ``false`` for every weight) trains adapters and hands
+on merged weights (``dew.recipes.chain_lora``; errors ``lora.<key>``,
+``stages.N.lora.<key>``).
 
 The whole config is checked before any stage trains: every key (an unknown one is refused
 naming the nearest valid key), every value, every local file, every reward import and every
@@ -52,12 +55,13 @@ from pathlib import Path
 from typing import Any
 
 from dew.checks import is_int
+from dew.recipes.chain_lora import check_lora_targets, top_lora
 from dew.recipes.chain_stage_config import chain_stage, stage_keys
 from dew.recipes.references import load_reward, local_path
 from dew.recipes.schema import ConfigError, apply_override, directory_path, load_file, unknown_key
 
 _TOP_KEYS = ("output", "batch", "seed", "model", "pretrained", "optimizer", "schedule",
-             "log_every", "stages")  # fmt: skip
+             "log_every", "lora", "stages")  # fmt: skip
 
 
 def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = (),
@@ -80,6 +84,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         sys.path.insert(0, str(base))
     batch, seed, log_every = _top_level(config, path)
     model_cfg = model_config(_model_spec(config, base)) if "model" in config else None
+    top_lora(config)  # the top-level lora section alone, before any stage merges it
     stage_specs = config["stages"]
     if not isinstance(stage_specs, list) or not stage_specs:
         raise ConfigError(f"stages: expected a non-empty list of stages, got {stage_specs!r}")
@@ -99,6 +104,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         if model_cfg is None:
             raise ConfigError(f"model: required, missing from {path} (the text stages' decoder)")
         model, pretrained = build_model(model_cfg, **_episode_room(stages))
+        check_lora_targets(stages, model)
         _check_token_files(stages, model)
     return Recipe(
         model=model,
@@ -109,6 +115,7 @@ def recipe_from_config(path: str | os.PathLike[str], overrides: Sequence[str] = 
         stages=stages,
         pretrained=pretrained,
         log_every=log_every,
+        base_path=None if model_cfg is None else model_cfg.pretrained,
     )
 
 

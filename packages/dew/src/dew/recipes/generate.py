@@ -10,7 +10,8 @@
   the model and the stage's kind come from ``OUTPUT/chain-config.json``, the tokenizer
   from the stage's ``data.tokenizer``; relative paths are read from the config file's
   directory, which the record holds (a record written before it did: the config's relative
-  ``output`` taken off ``OUTPUT``);
+  ``output`` taken off ``OUTPUT``); the weights of a stage that trained a LoRA adapter are
+  its merged ones, ``OUTPUT/<stage>/merged`` (``dew.recipes.chain_lora``);
 * an exported or Hugging Face directory (``config.json`` + safetensors, what ``dew train
   --export`` writes), read by ``dew.models.load_pretrained``; the tokenizer defaults to the
   directory itself when it holds ``tokenizer.json``.
@@ -159,6 +160,13 @@ def _load_run(run_dir: str) -> tuple[Any, Any, str | None, str]:
     from dew.trainer import checkpoint
 
     saved = _chain_stage(run_dir) or _read_json(os.path.join(run_dir, "config.json"), "MODEL")
+    merged = os.path.join(run_dir, "merged")
+    if os.path.isfile(os.path.join(merged, "config.json")):  # a dew chain stage's adapter
+        from dew import models
+
+        loaded = models.load_pretrained(merged, dtype="float32")
+        tokenizer = (saved.get("data") or {}).get("tokenizer")
+        return loaded.model, dict(loaded.variables), tokenizer, f"run {run_dir} (merged)"
     restored = checkpoint.latest(run_dir)
     if restored is None:
         raise ConfigError(

@@ -79,8 +79,6 @@ def lora_section(raw: Any, kind: str) -> LoraSection | None:
 def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any:
     """``objective -> LoraObjective`` (``LoraPPOObjective`` for a ``PPOObjective``) for
     ``build_stage``; errors name ``lora.<key>``."""
-    from dew.objectives.lora import LoraObjective
-
     config = lora.lora_config()
     try:
         from dew.models.lora import select_targets
@@ -89,16 +87,22 @@ def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any
     except ValueError as err:
         raise ConfigError(f"lora.{err}") from None
 
-    def wrap(objective: Any) -> Any:
-        from dew.objectives.rl.ppo import PPOObjective
+    return lambda objective: lora_objective(objective, config, base_path)
 
-        if isinstance(objective, PPOObjective):  # the policy's adapter beside a full critic
-            from dew.objectives.lora_ppo import LoraPPOObjective
 
-            return LoraPPOObjective(objective, config, base_path=base_path)
-        return LoraObjective(objective, config, base_path=base_path)
+def lora_objective(objective: Any, config: Any, base_path: str | None) -> Any:
+    """``objective`` training the adapter ``config`` (a ``LoraConfig``) on its frozen base:
+    ``LoraPPOObjective`` for a ``PPOObjective`` (the critic trains in full), else
+    ``LoraObjective``; ``base_path`` is recorded as the base's origin."""
+    from dew.objectives.rl.ppo import PPOObjective
 
-    return wrap
+    if isinstance(objective, PPOObjective):
+        from dew.objectives.lora_ppo import LoraPPOObjective
+
+        return LoraPPOObjective(objective, config, base_path=base_path)
+    from dew.objectives.lora import LoraObjective
+
+    return LoraObjective(objective, config, base_path=base_path)
 
 
 def export_adapter(objective: Any, state: Any, run_dir: str, export: str | None) -> Any:
@@ -112,4 +116,5 @@ def export_adapter(objective: Any, state: Any, run_dir: str, export: str | None)
     return jax.device_get(objective.merged(state.params))
 
 
-__all__ = ["LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_section"]
+__all__ = ["LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_objective",
+           "lora_section"]  # fmt: skip
