@@ -285,3 +285,22 @@ def test_replicas_switch_together_and_a_failed_replica_unloads_the_rest(
         reload.close()
     finally:
         other.close()
+
+
+class Recording(AdapterReload):
+    """An `AdapterReload` that records what it is handed instead of pushing it."""
+
+    def __call__(self, variables, version):
+        self.got = variables
+
+
+def test_publication_gathers_only_what_the_push_selects(pretrained, tmp_path):
+    """`AdapterReload.select` keeps the adapter; `Publication` hands the push (and gathers
+    to the host) that tree alone, not the frozen base beside it."""
+    reload = Recording(pretrained.model.config, LORA, tmp_path, ["http://127.0.0.1:1"], "p")
+    tree = adapters(pretrained.model.config, seed=1)
+    variables = {"params": tree, "base": pretrained.variables["params"]}
+    assert reload.select(variables) is tree and reload.select(tree) is tree
+    Publication(reload, version=0).load(variables, 1)
+    assert jax.tree.structure(reload.got) == jax.tree.structure(tree)
+    reload.close()

@@ -119,6 +119,11 @@ class AdapterReload:
         the first push."""
         return self._served
 
+    def select(self, variables: Any) -> Mapping[str, Any]:
+        """What a push needs of `variables`: the adapter tree (`adapter_tree`);
+        `Publication` gathers only this to the host."""
+        return adapter_tree(variables)
+
     def __call__(self, variables: Any, version: int) -> None:
         """Write the adapter of `variables` and make every replica serve it as `version`;
         raises `PushFailed` naming each replica that failed (the served name stays)."""

@@ -53,8 +53,11 @@ def agree(ok: bool) -> bool:
 
 
 class Publication:
-    """A versioned publisher over `push` (a `SafetensorsReload`, an `NCCLPush` or any
-    callable `(variables, version)`), with an optional `stamp(version)` run after it.
+    """A versioned publisher over `push` (a `SafetensorsReload`, an `NCCLPush`, an
+    `AdapterReload` or any callable `(variables, version)`), with an optional
+    `stamp(version)` run after it. A push with a `select(variables)` method gets only
+    what it returns, and only that is gathered to the host (an adapter push leaves the
+    frozen base on the devices).
 
     version: the launch version, stamped at construction.
     """
@@ -86,6 +89,9 @@ class Publication:
         """Push `variables` as `version`; `version` moves only if the push and the stamp
         both succeed (on every process). Raises `PushFailed` otherwise."""
         version = _check_version(version)
+        select = getattr(self.push, "select", None)
+        if callable(select):  # the part the push sends (an adapter push: the adapter only)
+            variables = select(variables)
         with self._lock:
             host = gather_to_host(variables)
             error: BaseException | None = None
