@@ -9,9 +9,11 @@ given before anything is written."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -159,3 +161,17 @@ def test_bad_lora_keys_are_one_line_naming_the_key(ran, capsys, top, change, exp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"dew: error: {expected}"), err
     assert not (base / "bad").exists()
+
+
+def test_an_adapter_on_tool_episodes_is_refused(ran, capsys):
+    base = ran[0]
+    source = {"kind": "environment", "command": [sys.executable, "-c", "pass"], "tasks": 4}
+    tools = {"name": "tools", "steps": 1, "eos_id": 1, "max_new_tokens": 4, "source": source}
+    assert main(["chain", str(_config(base, "bad", [STAGES[0], tools]))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = "stages.1: Stage.lora (tools): expected a stage on data with rollout.mode sync"
+    assert len(err) == 1 and expected in err[0], err
+    assert not (base / "bad").exists()
+    with pytest.raises(TypeError, match=r"Stage.lora \(lm\): expected a LoraConfig or None"):
+        recipe = recipe_from_config(_config(base, "bad", [STAGES[0]]))
+        dataclasses.replace(recipe.stages[0], lora={"rank": 2})

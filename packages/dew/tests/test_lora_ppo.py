@@ -130,3 +130,29 @@ def _leaves_named(tree, name):
         elif isinstance(value, dict):
             out.extend(_leaves_named(value, name))
     return out
+
+
+def test_a_chain_hands_on_the_merged_policy_without_the_critic(trained, model, base, tmp_path):
+    from dew.recipes.chain_lora import hand_off
+
+    objective, _, params, state, _ = trained
+    start = hand_off(objective, state, tmp_path / "ppo", model)
+    assert set(start) == {"params"}  # the policy alone: no critic, no base collection
+    assert (tmp_path / "ppo" / "adapter" / "adapter_config.json").is_file()
+    flat_base, flat_start = _flat(base["params"]), _flat(start["params"])
+    assert flat_base.keys() == flat_start.keys()
+    moved = {p for p in flat_base if not np.array_equal(flat_base[p], flat_start[p])}
+    assert moved and all(p[-2] in ("q_proj", "v_proj") for p in moved), moved
+    ids = jnp.asarray([[1, 2, 3, 4, 5, 6, 7, 8]], jnp.int32)
+    on = objective.model.apply(objective.policy_variables(params), ids)
+    np.testing.assert_allclose(np.asarray(model.apply(start, ids)), np.asarray(on), atol=1e-4)
+
+
+def _flat(tree, prefix=()):
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, (*prefix, key)))
+        else:
+            out[(*prefix, key)] = np.asarray(value)
+    return out
