@@ -285,3 +285,38 @@ def test_grpo_warms_up_while_dpo_starts_at_its_full_rate() -> None:
     assert grpo[1] == pytest.approx(settings.grpo_lr / settings.grpo_warmup, rel=1e-3)
     assert grpo[-1] == pytest.approx(settings.grpo_lr, rel=1e-3)
     assert steps("dpo", 1)[0] == pytest.approx(settings.dpo_lr, rel=1e-3)
+
+
+def test_lora_settings_adapt_every_stage_after_sft_at_a_larger_rate() -> None:
+    full, lora = Settings.for_size("small"), Settings.for_size("small", lora=True)
+    assert full.lora_rank == 0 and all(full.lora(s) is None for s in ("sft", "dpo", "grpo"))
+    assert lora.lora_rank == 8 and lora.lora("sft") is None
+    for stage in ("dpo", "grpo", "code"):
+        config = lora.lora(stage)
+        assert (config.rank, config.alpha) == (8, 16.0) and "down_proj" in config.targets
+    assert full.as_dict() != lora.as_dict()  # a --lora run never resumes a full one
+    import jax.numpy as jnp
+
+    params, grads = {"w": jnp.zeros(2)}, {"w": jnp.ones(2)}
+    for settings, rate in ((full, full.dpo_lr), (lora, full.dpo_lr * lora.lora_lr_scale)):
+        optimizer = settings.optimizer("dpo")
+        updates, _ = optimizer.update(grads, optimizer.init(params), params)
+        assert float(jnp.abs(updates["w"][0])) == pytest.approx(rate, rel=1e-3)
+
+
+def test_a_lora_run_hands_each_stage_the_merged_adapter(tmp_path) -> None:
+    run_dir = str(tmp_path / "lora")
+    argv = ["--size", "tiny", "--steps", "0.1", "--lora", "--run-dir", run_dir]
+    assert main([*argv, "--progress", "off"]) == 0
+    with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+        summary = json.load(f)
+    assert summary["settings"]["lora_rank"] == 8
+    assert not os.path.exists(os.path.join(run_dir, "sft", "adapter"))
+    for stage in ("dpo", "grpo"):
+        for part in ("adapter/adapter_model.safetensors", "adapter/adapter_config.json",
+                     "merged/config.json"):  # fmt: skip
+            assert os.path.isfile(os.path.join(run_dir, stage, part)), (stage, part)
+    # each stage starts from the policy the one before handed on (the merged weights)
+    sft, dpo, grpo = summary["stages"]
+    assert dpo["accuracy_before"] == sft["accuracy_after"]
+    assert grpo["accuracy_before"] == dpo["accuracy_after"]

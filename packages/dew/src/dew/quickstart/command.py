@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and then Flow-GRPO, writing RUN_DIR/flow (needs dew-flow installed)",
     )
     parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="train the stages after SFT (DPO, GRPO, code) as LoRA adapters (rank 8, every "
+        "projection) on the model they start from, handing on the merged weights",
+    )
+    parser.add_argument(
         "--progress",
         choices=("auto", "on", "off"),
         default="auto",
@@ -284,7 +290,9 @@ def run_command(args: argparse.Namespace) -> int:
         from dew.quickstart.plugins import load_flow
 
         return int(load_flow()(os.path.join(run_dir, "flow"), args.seed, args.steps, progress))
-    settings = Settings.for_size(args.size, steps=args.steps, seed=args.seed, code=args.code)
+    settings = Settings.for_size(
+        args.size, steps=args.steps, seed=args.seed, code=args.code, lora=args.lora
+    )
     summary_path = os.path.join(run_dir, SUMMARY)
     if os.path.isfile(summary_path):
         summary = read_json(summary_path)

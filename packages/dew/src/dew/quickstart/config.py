@@ -73,6 +73,13 @@ class Settings:
     grpo_warmup: GRPO (and ``code``) rises linearly from 0 over this many steps, then stays flat.
     code: add the ``--code`` stage (code questions join the SFT data, then GRPO with
     ``CodeReward``); code_steps: its GRPO steps; code_held_out: held-out code questions.
+    lora_rank: 0 trains every weight in every stage; above 0 (``--lora``) the stages after
+    SFT (DPO, GRPO, code) each train a LoRA adapter of this rank on every projection of
+    the model they start from and hand on the merged weights. SFT trains every weight
+    either way: the model starts from random weights, which an adapter has nothing to
+    adapt. lora_alpha: the adapters' alpha. lora_lr_scale: the adapter stages' learning
+    rates are ``dpo_lr`` and ``grpo_lr`` times this (an adapter moves far fewer weights and
+    starts from ``B = 0``, so it takes larger steps, as PEFT recipes do).
     dpo_problems: training questions the SFT policy answers to find its mistakes;
     dpo_samples: sampled answers per question besides the greedy one, at dpo_temperature.
     dpo_max_margin: a pair is kept when the starting policy prefers the right id by less
@@ -119,6 +126,9 @@ class Settings:
     code: bool = False
     code_steps: int = 10
     code_held_out: int = 64
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_lr_scale: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.sft_slip_rate <= 1.0:
@@ -131,7 +141,9 @@ class Settings:
             )
 
     @classmethod
-    def for_size(cls, size: str, steps: float = 1.0, seed: int = 0, code: bool = False) -> Settings:
+    def for_size(
+        cls, size: str, steps: float = 1.0, seed: int = 0, code: bool = False, lora: bool = False
+    ) -> Settings:
         if size not in SIZES:
             raise ValueError(f"size: expected one of {SIZES}, got {size!r}")
         if not steps > 0:
@@ -156,6 +168,8 @@ class Settings:
         base.setdefault("code_steps", cls.code_steps)
         for name in ("sft_steps", "dpo_steps", "grpo_steps", "code_steps"):
             base[name] = max(2, int(round(base[name] * steps)))
+        if lora:
+            base["lora_rank"] = 8
         return cls(size=size, seed=seed, code=code, **base)
 
     def model_config(self) -> ModelConfig:
@@ -187,12 +201,23 @@ class Settings:
                 steps=steps,
             )
         rate = {"dpo": self.dpo_lr, "grpo": self.grpo_lr, "code": self.grpo_lr}[stage]
+        if self.lora_rank:
+            rate *= self.lora_lr_scale
         warmup = min(self.grpo_warmup, steps - 1) if stage != "dpo" else 0
         return build_optimizer(
             OptimizerConfig(name="adam", learning_rate=rate, clip=0.0),
             ScheduleConfig(kind="constant", warmup_steps=warmup),
             steps=steps,
         )
+
+    def lora(self, stage: str) -> Any:
+        """The ``LoraConfig`` of ``stage`` (every projection), or None when it trains every
+        weight: always for SFT, and for every stage without ``--lora``."""
+        if not self.lora_rank or stage == "sft":
+            return None
+        from dew.models.lora import PROJECTIONS, LoraConfig
+
+        return LoraConfig(rank=self.lora_rank, alpha=self.lora_alpha, targets=PROJECTIONS)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

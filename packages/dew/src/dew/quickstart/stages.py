@@ -42,9 +42,11 @@ from dew.data.preference import PreferencePairs
 from dew.data.prompts import Prompts
 from dew.files import atomic_write
 from dew.inference import TextGeneration
+from dew.models import load_pretrained
 from dew.quickstart.config import Settings
 from dew.quickstart.pairs import Pair, PreferenceCheck, build_pairs, slip_pair
 from dew.recipes.chain import Recipe, Stage
+from dew.recipes.chain_lora import MERGED
 from dew.rewards import MathReward
 from dew.trainer import TrainState
 
@@ -249,7 +251,10 @@ def _recipe(
     """Run one single-stage chain in ``RUN_DIR/<stage.name>`` and return its final state.
 
     Each stage is its own ``Recipe`` because each has its own optimizer and batch, and
-    because DPO's pairs are drawn from the policy the previous stage produced.
+    because DPO's pairs are drawn from the policy the previous stage produced. A stage that
+    trained an adapter (``--lora``) returns its state with ``params`` replaced by the merged
+    weights the chain wrote (``RUN_DIR/<stage>/merged``), the policy the next stage starts
+    from and the evaluator reads.
     """
     recipe = Recipe(
         model=ctx.model,
@@ -264,7 +269,10 @@ def _recipe(
         checkpoint_every=ctx.settings.checkpoint_every,
     )
     (state,) = recipe.run()
-    return state
+    if stage.lora is None:
+        return state
+    merged = load_pretrained(os.path.join(ctx.run_dir, stage.name, MERGED), dtype="float32")
+    return state.replace(params={"params": jax.device_get(dict(merged.variables)["params"])})
 
 
 Outcome = tuple[TrainState, dict[str, Any]]
@@ -282,7 +290,12 @@ def run_dpo(ctx: Context, start: Any) -> Outcome:
     s = ctx.settings
     pairs = dpo_pairs(ctx, start)
     stage = Stage(
-        "dpo", dpo_data(ctx, pairs), steps=s.dpo_steps, beta=s.dpo_beta, nll_weight=s.dpo_nll_weight
+        "dpo",
+        dpo_data(ctx, pairs),
+        steps=s.dpo_steps,
+        beta=s.dpo_beta,
+        nll_weight=s.dpo_nll_weight,
+        lora=s.lora("dpo"),
     )
     state = _recipe(ctx, stage, s.optimizer("dpo"), s.dpo_batch, start, 1)
     check = PreferenceCheck(ctx.model, pairs, ctx.tokenizer.pad_id or 0)
@@ -334,6 +347,7 @@ def _grpo(
         temperature=s.grpo_temperature,
         eos_id=ctx.end_id,
         decode=ctx.tokenizer.decode,
+        lora=s.lora(name),
     )
     return _recipe(ctx, stage, s.optimizer(name), s.grpo_prompts, start, index)
 
