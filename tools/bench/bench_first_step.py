@@ -1,0 +1,117 @@
+"""Time to the first step of ``dew train lm`` without, and then with, the persistent
+compilation cache (``dew.compile_cache``).
+
+Run from the repository root with the workspace interpreter:
+
+    .venv/bin/python tools/bench/bench_first_step.py [--rounds 3] [--cpus 0,1] [--threads 2]
+
+Each contender is a fresh ``dew train lm --steps 1`` process (a random token file, the
+default ``qwen3`` shape: width 256, 4 layers, 4 heads; ``--seq-len`` and ``--batch``), in
+interleaved rounds (tools/bench/_rounds.py):
+
+* ``cold``: an empty cache directory of its own, so the run compiles everything and fills it;
+* ``warm``: a cache directory filled once before the rounds, so every program is a hit;
+* ``off``: ``--no-compile-cache``.
+
+Printed per contender: the first step (from the start of ``fit`` to the first logged step:
+state init, compile and one update; read from ``metrics.jsonl`` as the step's tokens over
+its ``tokens_per_s``) and the whole process (interpreter start to exit), median and spread;
+the ratios cold / warm; the cache hits and entries of each run. Record:
+tools/bench/results/first_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import Bench, add_arguments  # noqa: E402
+
+#: The child: ``dew.cli.main`` with JAX's cache events counted.
+CHILD = """
+import json, sys
+from jax import monitoring
+counts = {}
+monitoring.register_event_listener(
+    lambda name, **kw: counts.__setitem__(name, counts.get(name, 0) + 1))
+from dew.cli import main
+status = main(sys.argv[1:])
+print("RESULT " + json.dumps({"status": status,
+      "hits": counts.get("/jax/compilation_cache/cache_hits", 0),
+      "misses": counts.get("/jax/compilation_cache/cache_misses", 0)}))
+"""
+
+
+def one_run(work: Path, name: str, cache: Path | None, args: argparse.Namespace) -> dict:
+    """One fresh ``dew train lm`` process; its first-step and whole-process seconds."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
+    flags = ["--no-compile-cache"] if cache is None else ["--compile-cache-dir", str(cache)]
+    command = [sys.executable, "-c", CHILD, "train", "lm", "--tokens", str(work / "tokens.npy"),
+               "--run-dir", str(run_dir / "run"), "--steps", "1", "--batch", str(args.batch),
+               "--seq-len", str(args.seq_len), "--log-every", "1", "--compile-cache", *flags]  # fmt: skip
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env.pop("DEW_COMPILE_CACHE", None)
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+    process_s = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{name}: dew train failed: {done.stderr[-2000:]}")
+    result = json.loads(lines[-1][len("RESULT ") :])
+    record = json.loads((run_dir / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    tokens = args.batch * args.seq_len  # a token file's rows are full: every id is predicted
+    entries = 0 if cache is None else sum(1 for p in cache.rglob("*") if p.is_file())
+    return {"first step": tokens / record["tokens_per_s"], "process": process_s,
+            "hits": result["hits"], "misses": result["misses"], "entries": entries}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser, rounds=3)
+    parser.add_argument("--seq-len", type=int, default=128, help="tokens per row")
+    parser.add_argument("--batch", type=int, default=4, help="rows per step")
+    args = parser.parse_args()
+    bench = Bench("first_step", cpus=args.cpus, threads=args.threads)
+    import numpy as np
+
+    work = Path(tempfile.mkdtemp(prefix="dew-first-step-"))
+    rng = np.random.default_rng(0)
+    np.save(work / "tokens.npy", rng.integers(0, 4096, 200_000).astype(np.uint16))
+    warm_cache = work / "warm-cache"
+    primed = one_run(work, "prime", warm_cache, args)
+    bench.say(f"primed the warm cache: {primed['entries']} entries, {primed['misses']} misses")
+    counts: dict[str, list[tuple[int, int, int]]] = {}
+
+    def contender(name: str):
+        def run() -> dict[str, float]:
+            cache = {"cold": Path(tempfile.mkdtemp(prefix="cold-cache-", dir=work)),
+                     "warm": warm_cache, "off": None}[name]  # fmt: skip
+            got = one_run(work, name, cache, args)
+            counts.setdefault(name, []).append((got["hits"], got["misses"], got["entries"]))
+            return {"first step": got["first step"], "process": got["process"]}
+
+        return run
+
+    names = ("cold", "warm", "off")
+    times = bench.rounds({n: contender(n) for n in names}, rounds=args.rounds)
+    bench.say(f"dew train lm --steps 1, qwen3 256x4, batch {args.batch}, seq_len {args.seq_len}")
+    for name in names:
+        for part in ("first step", "process"):
+            bench.show(f"{name} {part}", times[f"{name} {part}"], scale=1.0, unit=" s", digits=2)
+        hits = ", ".join(f"{h} hits/{m} misses/{e} entries" for h, m, e in counts[name])
+        bench.say(f"  {name} cache per round: {hits}")
+    for part in ("first step", "process"):
+        bench.compare(f"{part}: cold / warm", times[f"cold {part}"], times[f"warm {part}"])
+        bench.compare(f"{part}: off / warm", times[f"off {part}"], times[f"warm {part}"])
+    bench.finish({"seq_len": args.seq_len, "batch": args.batch, "counts": counts})
+
+
+if __name__ == "__main__":
+    main()
