@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -47,14 +48,41 @@ print("RESULT " + json.dumps({"chosen": chosen,
 """
 
 
-def _run(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> dict:
-    environment = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {})}
-    environment.pop("XLA_FLAGS", None)
-    done = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=environment,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, done.stdout[-2000:] + done.stderr[-3000:]
+def _start(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> Any:
+    ambient = ("XLA_FLAGS", "DEW_COMPILE_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")
+    environment = {k: v for k, v in os.environ.items() if k not in ambient}
+    environment.update({"JAX_PLATFORMS": "cpu", **(env or {})})
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _result(process: Any) -> dict:
+    out, err = process.communicate(timeout=300)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert process.returncode == 0 and lines, out[-2000:] + err[-3000:]
     return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _run(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> dict:
+    return _result(_start(code, *args, cwd=cwd, env=env))
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """PROBE under three environments, run side by side: off, the default, a JAX-set dir."""
+    cases: dict[str, dict[str, str]] = {"off": {"DEW_COMPILE_CACHE": "0"},
+                                        "default": {"DEW_COMPILE_CACHE": ""},
+                                        "jax_dir": {"DEW_COMPILE_CACHE": "1"}}  # fmt: skip
+    started = {}
+    for name, env in cases.items():
+        work = tmp_path_factory.mktemp(name)
+        env = {**env, "XDG_CACHE_HOME": str(work / "xdg")}
+        if name != "default":  # the default case finds no directory but XDG's
+            env["DEW_COMPILE_CACHE_DIR"] = str(work / "c")
+        if name == "jax_dir":
+            env["JAX_COMPILATION_CACHE_DIR"] = str(work / "mine")
+        started[name] = (work, _start(PROBE, cwd=work, env=env))
+    return {name: (work, _result(process)) for name, (work, process) in started.items()}
 
 
 def _entries(root: Path) -> set[str]:
@@ -101,29 +129,25 @@ def test_a_cache_hit_trains_bit_identically_to_a_fresh_compile(two_runs: dict) -
     assert len(losses(1)) == 3 and losses(1) == losses(2)
 
 
-def test_off_writes_nothing(tmp_path: Path) -> None:
-    got = _run(PROBE, cwd=tmp_path, env={"DEW_COMPILE_CACHE": "0",
-                                          "DEW_COMPILE_CACHE_DIR": str(tmp_path / "c")})  # fmt: skip
+def test_off_writes_nothing(probes: dict) -> None:
+    work, got = probes["off"]
     assert got["chosen"] is None and got["enabled"] is False
-    assert not (tmp_path / "c").exists()
+    assert not (work / "c").exists() and not (work / "xdg").exists()
 
 
-def test_on_by_default_under_xdg_and_small_programs_cached(tmp_path: Path) -> None:
-    env = {"DEW_COMPILE_CACHE": "", "XDG_CACHE_HOME": str(tmp_path / "xdg")}
-    got = _run(PROBE, cwd=tmp_path, env=env)
-    root = tmp_path / "xdg" / "dew" / "jax"
+def test_on_by_default_under_xdg_and_small_programs_cached(probes: dict) -> None:
+    work, got = probes["default"]
+    root = work / "xdg" / "dew" / "jax"
     assert got["chosen"] == got["dir"] == str(root / compile_cache.machine_tag())
     assert got["min_seconds"] == 0.0
     assert _entries(root)  # a program compiled in well under a second was written
 
 
-def test_a_directory_configured_through_jax_is_left_alone(tmp_path: Path) -> None:
-    env = {"DEW_COMPILE_CACHE": "1", "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "mine"),
-           "DEW_COMPILE_CACHE_DIR": str(tmp_path / "dew")}  # fmt: skip
-    got = _run(PROBE, cwd=tmp_path, env=env)
-    assert got["chosen"] == got["dir"] == str(tmp_path / "mine")
+def test_a_directory_configured_through_jax_is_left_alone(probes: dict) -> None:
+    work, got = probes["jax_dir"]
+    assert got["chosen"] == got["dir"] == str(work / "mine")
     assert got["min_seconds"] == 1.0  # the user's thresholds too
-    assert not (tmp_path / "dew").exists()
+    assert not (work / "c").exists()
 
 
 def test_switch_and_directory_rules(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
