@@ -30,18 +30,15 @@ masked fraction falls outside the clip, and time conditioning.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from dew.objectives.base import initial_variables, validate_ema_decay, validate_pretrained
+from dew.objectives.base import validate_ema_decay, validate_pretrained
 from dew.objectives.diffusion import MASK_LOGIT_OFFSET
+from dew.objectives.diffusion_rows import DiffusionRows
 from dew.objectives.masked_diffusion import check_mask_id
-from dew.objectives.scoring import positions_from_segments
-
-LN2 = math.log(2.0)
 
 
 def block_times_from_uniform(
@@ -128,7 +125,7 @@ def check_block_size(block_size: Any, seq_len: int) -> int:
     return block_size
 
 
-class BlockDiffusionObjective:
+class BlockDiffusionObjective(DiffusionRows):
     """BD3-LM's block diffusion loss over ``text`` (see the module docstring).
 
     Args:
@@ -145,8 +142,6 @@ class BlockDiffusionObjective:
       pretrained: a full variables mapping ``{"params": ...}`` to start from.
       ema_decay: ``None`` (no EMA) or a decay in ``(0, 1]``.
     """
-
-    token_fields = ("text",)
 
     def __init__(
         self,
@@ -174,26 +169,6 @@ class BlockDiffusionObjective:
         self.pretrained = validate_pretrained(pretrained)
         self.ema_decay = validate_ema_decay(ema_decay)
 
-    @property
-    def width(self) -> int:
-        """Ids per row (``seq_len + 1``, the readers' row width)."""
-        return self.seq_len + 1
-
-    def init(self, key: jax.Array) -> dict[str, Any]:
-        return initial_variables(self.model, self.pretrained, key, self.seq_len)
-
-    def _check(self, batch: dict[str, jax.Array]) -> None:
-        if "text" not in batch:
-            raise KeyError(
-                f"batch: BlockDiffusionObjective needs a 'text' field, got {sorted(batch)}"
-            )
-        for name in ("text", "text_segment_ids", "text_positions"):
-            if name in batch and (batch[name].ndim != 2 or batch[name].shape[1] != self.width):
-                raise ValueError(
-                    f"batch[{name!r}]: expected shape [B, {self.width}] (seq_len + 1), "
-                    f"got {tuple(batch[name].shape)}"
-                )
-
     def _noise(
         self, key: jax.Array, tokens: jax.Array, pos: jax.Array, real: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -211,19 +186,11 @@ class BlockDiffusionObjective:
         self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``(loss [B, L], real bool [B, L], masked bool [B, L])`` for one noising of the batch."""
-        self._check(batch)
-        n = self.seq_len
-        tokens = batch["text"][:, :n].astype(jnp.int32)
-        seg = batch.get("text_segment_ids")
-        pos = batch.get("text_positions")
-        if seg is not None and pos is None:
-            pos = positions_from_segments(seg)
+        tokens, seg, pos, real = self.rows(batch)
         if pos is None:
-            pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), tokens.shape)
-        pos = pos[:, :n].astype(jnp.int32)
-        real = jnp.ones(tokens.shape, bool) if seg is None else seg[:, :n] != 0
+            pos = jnp.broadcast_to(jnp.arange(self.seq_len, dtype=jnp.int32), tokens.shape)
         noisy, masked, t = self._noise(key, tokens, pos, real)
-        seg2 = None if seg is None else jnp.tile(seg[:, :n].astype(jnp.int32), (1, 2))
+        seg2 = None if seg is None else jnp.tile(seg, (1, 2))
         logits = self.model.apply(
             variables,
             jnp.concatenate([noisy, tokens], axis=1),
@@ -235,35 +202,6 @@ class BlockDiffusionObjective:
         )
         loss = block_diffusion_nll(logits, tokens, masked, t, self.mask_id, self.mask_rate_min)
         return loss, real, masked
-
-    def loss(
-        self,
-        variables: Any,
-        batch: dict[str, jax.Array],
-        key: jax.Array,
-        reference: Any = None,
-    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-        """``(sum of weighted NLL, real tokens, {"bits_per_token_sum", "masked_sum"})``."""
-        del reference
-        loss, real, masked = self.token_losses(variables, batch, key)
-        total = jnp.sum(loss)
-        metrics = {
-            "bits_per_token_sum": total / LN2,
-            "masked_sum": jnp.sum(masked).astype(jnp.float32),
-        }
-        return total, jnp.sum(real).astype(jnp.float32), metrics
-
-    def evaluate(
-        self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
-    ) -> dict[str, jax.Array]:
-        """Sums for validation (one noising per row): ``loss``, ``bits_per_token``, ``weight``."""
-        loss, real, _ = self.token_losses(variables, batch, key)
-        total = jnp.sum(loss)
-        return {
-            "loss": total,
-            "bits_per_token": total / LN2,
-            "weight": jnp.sum(real).astype(jnp.float32),
-        }
 
 
 __all__ = [

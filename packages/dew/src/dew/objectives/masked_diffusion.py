@@ -28,13 +28,11 @@ holds (``real_tokens``) and inside the model's vocabulary.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from dew.objectives.base import initial_variables, validate_ema_decay, validate_pretrained
+from dew.objectives.base import validate_ema_decay, validate_pretrained
 from dew.objectives.diffusion import (
     Schedule,
     diffusion_nll,
@@ -42,9 +40,7 @@ from dew.objectives.diffusion import (
     sample_times,
     schedule_named,
 )
-from dew.objectives.scoring import check_text_batch, positions_from_segments
-
-LN2 = math.log(2.0)
+from dew.objectives.diffusion_rows import DiffusionRows
 
 
 def check_mask_id(mask_id: Any, real_tokens: Any, vocab_size: int | None) -> int:
@@ -66,7 +62,7 @@ def check_mask_id(mask_id: Any, real_tokens: Any, vocab_size: int | None) -> int
     return mask_id
 
 
-class MaskedDiffusionObjective:
+class MaskedDiffusionObjective(DiffusionRows):
     """Masked (absorbing-state) diffusion loss over ``text`` (see the module docstring).
 
     Args:
@@ -81,8 +77,6 @@ class MaskedDiffusionObjective:
       pretrained: a full variables mapping ``{"params": ...}`` to start from.
       ema_decay: ``None`` (no EMA) or a decay in ``(0, 1]``.
     """
-
-    token_fields = ("text",)
 
     def __init__(
         self,
@@ -110,34 +104,11 @@ class MaskedDiffusionObjective:
         self.pretrained = validate_pretrained(pretrained)
         self.ema_decay = validate_ema_decay(ema_decay)
 
-    @property
-    def width(self) -> int:
-        """Ids per row (``seq_len + 1``, the readers' row width)."""
-        return self.seq_len + 1
-
-    def init(self, key: jax.Array) -> dict[str, Any]:
-        return initial_variables(self.model, self.pretrained, key, self.seq_len)
-
-    def _check(self, batch: dict[str, jax.Array]) -> None:
-        check_text_batch(
-            batch,
-            "MaskedDiffusionObjective",
-            self.width,
-            ("text", "text_segment_ids", "text_positions"),
-        )
-
     def token_losses(
         self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """``(loss [B, L], real bool [B, L], masked bool [B, L])`` for one noising of the batch."""
-        self._check(batch)
-        n = self.seq_len
-        tokens = batch["text"][:, :n].astype(jnp.int32)
-        seg = batch.get("text_segment_ids")
-        pos = batch.get("text_positions")
-        if seg is not None and pos is None:
-            pos = positions_from_segments(seg)
-        real = jnp.ones(tokens.shape, bool) if seg is None else seg[:, :n] != 0
+        tokens, seg, pos, real = self.rows(batch)
         time_key, mask_key = jax.random.split(key)
         times = sample_times(time_key, tokens.shape[0], self.eps, self.antithetic)
         chance = self.schedule.move_chance(times)
@@ -145,42 +116,12 @@ class MaskedDiffusionObjective:
         logits = self.model.apply(
             variables,
             noisy,
-            segment_ids=None if seg is None else seg[:, :n].astype(jnp.int32),
-            positions=None if pos is None else pos[:, :n].astype(jnp.int32),
+            segment_ids=seg,
+            positions=pos,
             causal=False,
         )
         loss = diffusion_nll(logits, tokens, masked, times, self.mask_id, self.schedule)
         return loss, real, masked
-
-    def loss(
-        self,
-        variables: Any,
-        batch: dict[str, jax.Array],
-        key: jax.Array,
-        reference: Any = None,
-    ) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
-        """``(sum of weighted NLL, real tokens, {"bits_per_token_sum", "masked_sum"})``."""
-        del reference
-        loss, real, masked = self.token_losses(variables, batch, key)
-        total = jnp.sum(loss)
-        weight = jnp.sum(real).astype(jnp.float32)
-        metrics = {
-            "bits_per_token_sum": total / LN2,
-            "masked_sum": jnp.sum(masked).astype(jnp.float32),
-        }
-        return total, weight, metrics
-
-    def evaluate(
-        self, variables: Any, batch: dict[str, jax.Array], key: jax.Array
-    ) -> dict[str, jax.Array]:
-        """Sums for validation (one noising per row): ``loss``, ``bits_per_token``, ``weight``."""
-        loss, real, _ = self.token_losses(variables, batch, key)
-        total = jnp.sum(loss)
-        return {
-            "loss": total,
-            "bits_per_token": total / LN2,
-            "weight": jnp.sum(real).astype(jnp.float32),
-        }
 
 
 __all__ = ["MaskedDiffusionObjective", "check_mask_id"]
