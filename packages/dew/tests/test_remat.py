@@ -120,3 +120,16 @@ def test_the_flag_and_config_key_reach_the_model(tmp_path) -> None:
     args = build_parser().parse_args(base + ["--remat", "half"])
     with pytest.raises(ConfigError, match=r"^model.remat: expected one of none, full, .*'half'$"):
         train_config(train_mapping(args), "lm")
+
+
+def test_a_saved_checkpoint_is_the_same_with_remat(plain: tuple, tmp_path) -> None:
+    params = plain[0]
+    for policy, folder in (("none", "plain"), ("full", "remat")):
+        model = models.build("causal_transformer", remat=policy, **SMALL)
+        models.Pretrained.from_model(model, {"params": params}).save(
+            tmp_path / folder, dtype="float32"
+        )
+    for name in ("config.json", "model.safetensors"):
+        assert (tmp_path / "plain" / name).read_bytes() == (tmp_path / "remat" / name).read_bytes()
+    assert "remat" not in (tmp_path / "remat" / "config.json").read_text()
+    assert models.load_pretrained(tmp_path / "remat").config.remat == "none"
