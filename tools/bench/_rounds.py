@@ -25,6 +25,8 @@ Rules the harness enforces, so that a number survives someone else re-running th
 - a ratio is the ratio of medians, with the spread of the per-round ratios (the contenders of
   one round share that round's load). A goal is "met" when every per-round ratio reaches it,
   "not met" when none does, and "not shown" when the spread crosses it;
+- JAX's persistent compilation cache is off (``DEW_COMPILE_CACHE=0`` unless set), so a
+  first step's time is a fresh compile's in every run;
 - the machine record (CPU model, AMX / AVX-512 / AVX2 / FMA flags, core count, affinity,
   thread flags, load average before and after) is written atomically under
   ``tools/bench/results/<name>.json``.
@@ -339,6 +341,9 @@ class Bench:
         self.threads = threads if threads > 0 else pinned
         os.environ.update(thread_env(self.threads))
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        # A first step or compile time measures a fresh compile, not a hit in the persistent
+        # cache a Trainer turns on (dew.compile_cache); DEW_COMPILE_CACHE=1 measures hits.
+        os.environ.setdefault("DEW_COMPILE_CACHE", "0")
         self.load_before = os.getloadavg()
         self.started = time.time()
         self.series: dict[str, dict[str, list[float]]] = {}
