@@ -60,6 +60,25 @@ def base_digest(params: Mapping[str, Any]) -> str:
     return digest.hexdigest()
 
 
+def check_lora_wrap(model: Any, lora: Any, adapters: Mapping[str, Any] | None) -> Any:
+    """Refuse what no adapter objective can wrap, by name: a model that already carries an
+    adapter or is no `CausalTransformer`, a `lora` that is no `LoraConfig`, a target or rank
+    the decoder lacks (`select_targets`), starting adapters of another shape. Returns the
+    model's `DecoderConfig`."""
+    if isinstance(model, LoraDecoder):
+        raise ValueError("objective: already trains an adapter; wrap the plain objective")
+    if not isinstance(model, CausalTransformer):
+        raise TypeError(
+            f"objective.model: expected a CausalTransformer, got {type(model).__name__}"
+        )
+    if not isinstance(lora, LoraConfig):
+        raise TypeError(f"lora: expected a LoraConfig, got {type(lora).__name__}")
+    select_targets(model.config, lora)  # a bad target or rank fails here, by name
+    if adapters is not None:
+        check_adapters(adapters, model.config, lora)
+    return model.config
+
+
 class LoraObjective:
     """Train a LoRA adapter with `objective`'s loss while its base stays frozen.
 
@@ -83,15 +102,9 @@ class LoraObjective:
         adapters: Mapping[str, Any] | None = None,
         base_path: str | os.PathLike[str] | None = None,
     ) -> None:
-        model = getattr(objective, "model", None)
-        if isinstance(objective, LoraObjective) or isinstance(model, LoraDecoder):
+        if isinstance(objective, LoraObjective):
             raise ValueError("objective: already trains an adapter; wrap the plain objective")
-        if not isinstance(model, CausalTransformer):
-            raise TypeError(
-                f"objective.model: expected a CausalTransformer, got {type(model).__name__}"
-            )
-        if not isinstance(lora, LoraConfig):
-            raise TypeError(f"lora: expected a LoraConfig, got {type(lora).__name__}")
+        config = check_lora_wrap(getattr(objective, "model", None), lora, adapters)
         decay = getattr(objective, "ema_decay", None)
         if decay not in (None, 1.0):
             raise ValueError(
@@ -103,17 +116,14 @@ class LoraObjective:
                 f"objective: {type(objective).__name__} keeps a partial reference "
                 "(reference_variables), which LoRA training does not support"
             )
-        select_targets(model.config, lora)  # a bad target or rank fails here, by name
-        if adapters is not None:
-            check_adapters(adapters, model.config, lora)
         self.objective = objective
         self.lora = lora
-        self.model_config = model.config
+        self.model_config = config
         self.adapters = adapters
         self.base_path = None if base_path is None else os.fspath(base_path)
         self.ema_decay = decay
         self.policy = copy.copy(objective)
-        self.policy.model = LoraDecoder(model.config, lora)
+        self.policy.model = LoraDecoder(config, lora)
         pretrained = getattr(objective, "pretrained", None)
         # the starting policy (adapter off); also tells the Trainer to init outside jit
         self.pretrained = None if pretrained is None else {BASE: pretrained["params"]}
@@ -180,4 +190,4 @@ class LoraObjective:
         )
 
 
-__all__ = ["LoraObjective", "base_digest"]
+__all__ = ["LoraObjective", "base_digest", "check_lora_wrap"]

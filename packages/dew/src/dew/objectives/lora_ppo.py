@@ -35,12 +35,11 @@ from typing import Any
 
 import jax
 
-from dew.models.lora.adapters import check_adapters, init_adapters, merge_adapters
+from dew.models.lora.adapters import init_adapters, merge_adapters
 from dew.models.lora.config import LoraConfig
 from dew.models.lora.decoder import BASE, DROPOUT, LoraDecoder
 from dew.models.lora.peft_io import save_peft_adapter
-from dew.models.lora.targets import select_targets
-from dew.objectives.lora import base_digest
+from dew.objectives.lora import base_digest, check_lora_wrap
 from dew.objectives.rl._ppo_tree import CRITIC, POLICY
 from dew.objectives.rl.ppo import PPOObjective
 
@@ -70,14 +69,7 @@ class LoraPPOObjective:
     ) -> None:
         if not isinstance(objective, PPOObjective):
             raise TypeError(f"objective: expected a PPOObjective, got {type(objective).__name__}")
-        if isinstance(objective.model, LoraDecoder):
-            raise ValueError("objective: already trains an adapter; wrap the plain objective")
-        if not isinstance(lora, LoraConfig):
-            raise TypeError(f"lora: expected a LoraConfig, got {type(lora).__name__}")
-        config = objective.model.config
-        select_targets(config, lora)  # a bad target or rank fails here, by name
-        if adapters is not None:
-            check_adapters(adapters, config, lora)
+        config = check_lora_wrap(objective.model, lora, adapters)
         self.objective = objective
         self.lora = lora
         self.model_config = config
