@@ -40,7 +40,8 @@ GROUPS: dict[str, str] = {
 SECONDS: dict[str, float] = {
     "packages/dew/tests/test_cli.py": 460,
     "packages/dew/tests/test_trainer_processes.py": 70,
-    "packages/dew/tests/test_quickstart.py": 125,
+    "packages/dew/tests/test_quickstart.py": 230,
+    "packages/dew/tests/test_chain_lora.py": 60,
     "packages/dew/tests/test_train_ppo.py": 60,
     "packages/dew-flow/tests/test_flow_example.py": 130,
     "packages/dew-flow/tests/test_flow_grpo.py": 85,
@@ -51,6 +52,7 @@ SECONDS: dict[str, float] = {
     "vllm-engine": 140,
     "packages/dew-rollout/tests/test_recipe_async.py": 155,
     "packages/dew-rollout/tests/test_recipe_harbor_launch.py": 95,
+    "packages/dew-rollout/tests/test_rollout_vllm_lora.py": 170,
     "packages/dew-rollout/tests/test_rollout_scheduler_processes.py": 95,
     "tests/test_tool_episodes_example.py": 210,
     "tests/test_docs.py": 130,
