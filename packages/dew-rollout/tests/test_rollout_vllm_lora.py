@@ -10,8 +10,12 @@ base, float32 adapter) within `TOLERANCE` and differ from the base's; a draw thr
 the previous adapter is unloaded; a push of a malformed adapter is refused in one line
 naming the route and the HTTP status, the version and name unmoved. The adapter push
 and a full-weight `SafetensorsReload` push are timed on the same engine and printed.
+`dew train grpo --config` with a `lora` section and `rollout.engine.url` trains an
+adapter for `STEPS` updates against the same engine: each push is an adapter, the base
+checkpoint and the engine's base scores never change, and the engine ends serving the
+adapter the run exported.
 
-Without an engine: the launch flags; the retry of a request that read a name a push
+Without an engine: the launch flags; a lora config on SGLang refused naming the key; the retry of a request that read a name a push
 retired meanwhile; and, on two local fakes that answer the adapter routes with vLLM's
 checks, replicas switching together, a replica failing a load (the others take the new
 name back, the name does not move) and a retried version getting a fresh name.
@@ -20,6 +24,11 @@ name back, the name does not move) and a retried version getting a fresh name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
 import time
 import types
 
@@ -31,8 +40,10 @@ import pytest
 from rollout_engine import engine_cpus, prompt_log_probs, score_chains, vllm_python
 from rollout_fakes import FakeVLLM
 
-from dew.models.lora import PROJECTIONS, LoraConfig, LoraDecoder, init_adapters
+from dew.models.lora import PROJECTIONS, LoraConfig, LoraDecoder, init_adapters, load_peft_adapter
 from dew.models.lora.peft_io import WEIGHTS
+from dew.recipes.schema import ConfigError
+from dew.recipes.train_config import train_config
 from dew.rollout import (
     AdapterReload,
     EngineHTTPError,
@@ -40,6 +51,7 @@ from dew.rollout import (
     OpenAIRolloutServer,
     PushFailed,
     SafetensorsReload,
+    engine_server,
     launch_engine,
 )
 from dew.rollout.adapter_reload import LOAD, UNLOAD
@@ -287,6 +299,42 @@ def test_replicas_switch_together_and_a_failed_replica_unloads_the_rest(
         other.close()
 
 
+def test_engine_server_pushes_adapters_and_refuses_an_engine_without_lora(
+    fake_vllm, pretrained, tmp_path
+):
+    """`engine_server(lora=)` on a joined engine: a load route answering 404 (LoRA off) is
+    refused in one line naming rollout.engine.url and the flags; with the routes, the
+    starting adapter is version 0, later pushes load adapters, the base files stay."""
+    pretrained.save(tmp_path / "served")
+    on_disk = digests(tmp_path / "served")
+    variables = {"params": adapters(pretrained.model.config, seed=1),
+                 "base": pretrained.variables["params"]}  # fmt: skip
+    given = dict(url=fake_vllm.url, directory=tmp_path / "served", launch=None,
+                 publish="reload", model=LoraDecoder(pretrained.model.config, LORA),
+                 params=variables, sampling=Sampling(), concurrency=2,
+                 run_dir=tmp_path / "run", lora=LORA)  # fmt: skip
+    with contextlib.ExitStack() as stack, pytest.raises(ConfigError) as caught:
+        engine_server("vllm", **given, stack=stack)
+    message = str(caught.value)
+    assert message.startswith(f"rollout.engine.url: the engine at {fake_vllm.url} has no ")
+    assert "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True" in message
+    assert "\n" not in message
+    loaded = adapter_routes(fake_vllm)
+    with contextlib.ExitStack() as stack:
+        server = engine_server("vllm", **given, stack=stack)
+        assert loaded == {"policy-lora-v0"} and server.served_model("policy") == "policy-lora-v0"
+        server.load(variables, 1)
+        assert loaded == {"policy-lora-v1"} and server.version == 1
+    assert digests(tmp_path / "served") == on_disk
+    with (
+        contextlib.ExitStack() as stack,
+        pytest.raises(
+            ConfigError, match=r"^rollout\.engine\.kind: .*expected 'vllm', got 'sglang'"
+        ),
+    ):
+        engine_server("sglang", **given, stack=stack)
+
+
 class Recording(AdapterReload):
     """An `AdapterReload` that records what it is handed instead of pushing it."""
 
@@ -304,3 +352,80 @@ def test_publication_gathers_only_what_the_push_selects(pretrained, tmp_path):
     Publication(reload, version=0).load(variables, 1)
     assert jax.tree.structure(reload.got) == jax.tree.structure(tree)
     reload.close()
+
+
+STEPS = 3
+REWARD = """def even(data_source, completion, ground_truth, extra_info):
+    ids = [int(t) for t in completion.split()]
+    return sum(i % 2 == 0 for i in ids) / max(1, len(ids))
+"""
+
+
+def lora_run_config(base, run_dir, engine: dict) -> dict:
+    """A tiny asynchronous GRPO config training a LoRA adapter of `LORA`'s shape."""
+    return {
+        "run": {"run_dir": str(run_dir), "steps": STEPS, "batch": 2, "log_every": 1,
+                "checkpoint_every": 1, "progress": False},
+        "model": {"pretrained": str(base / "policy")},
+        "optimizer": {"name": "adam", "learning_rate": 2e-2},
+        "data": {"path": str(base / "prompts.jsonl"), "max_prompt_len": 4},
+        "objective": {"reward": "rewards_vllm_lora:even", "groups": 2, "max_new_tokens": 6,
+                      "behavior_importance": 2.0},
+        "lora": {"rank": LORA.rank, "alpha": LORA.alpha, "targets": list(PROJECTIONS)},
+        "rollout": {"mode": "async", "ahead": 1, "truncation": "score", "engine": engine},
+    }  # fmt: skip
+
+
+def test_a_lora_config_on_sglang_is_refused_naming_the_engine_kind(tmp_path):
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "prompts.jsonl").write_text("")
+    engine = {"kind": "sglang", "url": "http://127.0.0.1:1", "directory": str(tmp_path)}
+    with pytest.raises(ConfigError) as caught:
+        train_config(lora_run_config(tmp_path, tmp_path / "run", engine), "grpo")
+    message = str(caught.value)
+    assert message.startswith("rollout.engine.kind: ") and "\n" not in message
+    assert "expected vllm, got sglang" in message and "lora" in message
+
+
+def digests(folder) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_a_lora_grpo_config_trains_adapters_on_the_running_engine(engine, pretrained, tmp_path):
+    """`dew train grpo` with a lora section joins the engine at its url: versions 1..STEPS
+    are adapters loaded beside the base (never rewritten), and the run's exported adapter
+    is the one the engine serves at the end."""
+    policy = engine.root / "policy"
+    on_disk, base_scores = digests(policy), prompt_log_probs(engine.url, PROMPTS[0], name=NAME)
+    (tmp_path / "policy").symlink_to(policy)
+    rows = [{"prompt": [5 + i, 17, 40 + 3 * i], "ground_truth": "x"} for i in range(8)]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "rewards_vllm_lora.py").write_text(REWARD)
+    run_dir = tmp_path / "run"
+    section = {"kind": "vllm", "url": engine.url, "directory": str(policy)}
+    config = tmp_path / "lora.yaml"
+    config.write_text(json.dumps(lora_run_config(tmp_path, run_dir, section)))
+    done = subprocess.run([sys.executable, "-m", "dew.cli", "train", "grpo", "--config",
+                           str(config)], cwd=tmp_path, env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=1500)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    listed = [m["id"] for m in httpx.get(f"{engine.url}/v1/models", timeout=30).json()["data"]]
+    assert f"{NAME}-lora-v{STEPS}" in listed and NAME in listed, listed
+    assert f"{NAME}-lora-v{STEPS - 1}" not in listed  # unloaded after the switch
+    kept = sorted(p.name for p in (run_dir / "engine" / "adapters").iterdir())
+    assert kept == [f"{NAME}-lora-v{STEPS - 1}", f"{NAME}-lora-v{STEPS}"]
+    records = [json.loads(line) for line in (run_dir / "rollout.jsonl").read_text().splitlines()]
+    versions = [r["version"] for r in records]
+    assert len(versions) == STEPS and versions == sorted(versions) and versions[-1] >= 1
+    assert digests(policy) == on_disk  # the base checkpoint was never rewritten
+    np.testing.assert_array_equal(prompt_log_probs(engine.url, PROMPTS[0], name=NAME), base_scores)
+    check = json.loads((run_dir / "engine-check.json").read_text())
+    assert check["version"] == STEPS and check["max_abs_difference"] < TOLERANCE, check
+    tree, exported = load_peft_adapter(run_dir / "adapter", pretrained.model.config)
+    assert exported.rank == LORA.rank
+    served = prompt_log_probs(engine.url, PROMPTS[0], name=f"{NAME}-lora-v{STEPS}")
+    want = dew_scores(pretrained, tree, PROMPTS[:1])[0]
+    np.testing.assert_allclose(served, want, atol=TOLERANCE)  # the exported adapter is served
+    moved = float(np.abs(served - base_scores).max())
+    print(f"lora run: engine vs Dew {check['max_abs_difference']:.3g}; adapter moved {moved:.3g}")
+    assert moved > 10 * TOLERANCE  # training changed what the adapter serves

@@ -169,7 +169,7 @@ def test_an_adapter_on_tool_episodes_is_refused(ran, capsys):
     tools = {"name": "tools", "steps": 1, "eos_id": 1, "max_new_tokens": 4, "source": source}
     assert main(["chain", str(_config(base, "bad", [STAGES[0], tools]))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    expected = "stages.1: Stage.lora (tools): expected a stage on data with rollout.mode sync"
+    expected = "stages.1: Stage.lora (tools): expected prompts from data (adapters are not served"
     assert len(err) == 1 and expected in err[0], err
     assert not (base / "bad").exists()
     with pytest.raises(TypeError, match=r"Stage.lora \(lm\): expected a LoraConfig or None"):

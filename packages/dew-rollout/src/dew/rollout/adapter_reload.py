@@ -78,6 +78,7 @@ class AdapterReload:
     with LoRA on. served_name: the base model's served name; requests use it until the
     first push. keep: adapter directories kept on disk after a push (>= 1, the newest
     included). timeout: seconds per HTTP call. client: an `httpx.Client` to reuse.
+    taken: names never to use (adapters an earlier run left loaded on the engines).
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class AdapterReload:
         keep: int = 2,
         timeout: float = 300.0,
         client: httpx.Client | None = None,
+        taken: Sequence[str] = (),
     ) -> None:
         if not isinstance(model_config, DecoderConfig):
             raise TypeError(
@@ -110,7 +112,7 @@ class AdapterReload:
         self.keep = keep
         self.client = client if client is not None else httpx.Client(timeout=timeout)
         self._served = served_name
-        self._used: set[str] = set()
+        self._used: set[str] = set(taken)
         self._written: list[Path] = []
 
     @property

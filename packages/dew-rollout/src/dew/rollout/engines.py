@@ -25,6 +25,14 @@ another version), and a GPU visible to JAX; without one the push is refused by n
 before anything starts. Everything opened (the HTTP client, the server, the NCCL groups,
 a launched engine) is closed by `stack`, the engine last.
 
+With `lora` (a `LoraConfig`, vLLM and publish "reload" only) the policy trains an adapter:
+`params` are its variables (`{"params": adapter, "base": base}`). The base alone is the
+engine's checkpoint (written for a launched engine, which gets `lora_rank=lora.rank`),
+and every push, version 0 included, goes through `AdapterReload`: the adapter is loaded
+under `<served>-lora-v<version>` and draws name it, the base never rewritten. An engine
+joined at `url` must run with `--enable-lora` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`;
+one whose load route answers 404 is refused naming `rollout.engine.url`.
+
 The policy must map onto a Hugging Face architecture the engine loads: Llama, Mistral,
 Qwen2 or Qwen3. A bare module's family is read from its config (`Pretrained.from_model`:
 Qwen3 with q/k norm, Qwen2 with attention biases, else Llama); pass a `Pretrained` as
@@ -47,7 +55,10 @@ import numpy as np
 
 from dew.models import Pretrained
 from dew.models.hf_names import ARCHITECTURES, decoder_config, hf_config
+from dew.models.lora import BASE, LoraConfig, LoraDecoder
 from dew.recipes.schema import ConfigError
+from dew.rollout.adapter_reload import LOAD, AdapterReload
+from dew.rollout.errors import EngineHTTPError, PushFailed
 from dew.rollout.launch import KINDS, SERVED_NAME, launch_engine
 from dew.rollout.likelihood import check_completions
 from dew.rollout.nccl import NCCLPush
@@ -117,11 +128,12 @@ def check_directory(directory: Any, policy: Pretrained) -> Path:
 
 
 def served_name(client: httpx.Client, url: str) -> str:
-    """The one model the engine's `/v1/models` lists."""
+    """The one base model the engine's `/v1/models` lists (LoRA adapters, which vLLM
+    lists with the base as their `parent`, are passed over)."""
     try:
         listed = client.get("/v1/models")
         listed.raise_for_status()
-        names = [entry["id"] for entry in listed.json()["data"]]
+        names = [entry["id"] for entry in listed.json()["data"] if not entry.get("parent")]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(
             f"rollout.engine.url: expected a running engine, got {url} ({error})"
@@ -129,6 +141,13 @@ def served_name(client: httpx.Client, url: str) -> str:
     if len(names) != 1:
         raise ConfigError(f"rollout.engine.url: expected an engine serving one model, got {names}")
     return str(names[0])
+
+
+def adapter_names(client: httpx.Client) -> list[str]:
+    """The LoRA adapters the engine's `/v1/models` lists (entries with a `parent`)."""
+    listed = client.get("/v1/models")
+    listed.raise_for_status()
+    return [str(entry["id"]) for entry in listed.json()["data"] if entry.get("parent")]
 
 
 def nccl(path: str) -> CtypesNCCL:
@@ -144,9 +163,16 @@ def nccl(path: str) -> CtypesNCCL:
         ) from None
 
 
-def _check_choice(kind: Any, publish: Any, url: Any, launch: Any, library: Any) -> None:
+def _check_choice(kind: Any, publish: Any, url: Any, launch: Any, library: Any,
+                  lora: Any = None) -> None:  # fmt: skip
     if kind not in KINDS:
         raise ConfigError(f"rollout.engine.kind: expected one of {list(KINDS)}, got {kind!r}")
+    if lora is not None and kind != "vllm":
+        raise ConfigError(f"rollout.engine.kind: a LoRA adapter needs an engine that loads "
+                          f"adapters at run time; expected 'vllm', got {kind!r}")  # fmt: skip
+    if lora is not None and publish != "reload":
+        raise ConfigError(f"rollout.engine.publish: a LoRA adapter is pushed as files "
+                          f"(AdapterReload); expected 'reload', got {publish!r}")  # fmt: skip
     if publish not in PUBLISH:
         raise ConfigError(
             f"rollout.engine.publish: expected one of {list(PUBLISH)}, got {publish!r}"
@@ -165,6 +191,34 @@ def _check_choice(kind: Any, publish: Any, url: Any, launch: Any, library: Any) 
         raise ConfigError(f"rollout.engine.url: expected an http(s) root URL, got {url!r}")
 
 
+def lora_base(model: Any, params: Any) -> tuple[Any, Any]:
+    """The base an adapter run serves: its plain decoder and `{"params": base}`, from a
+    `LoraDecoder` (or any decoder) and LoRA variables `{"params": adapter, "base": base}`."""
+    if not isinstance(params, Mapping) or BASE not in params or "params" not in params:
+        got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise ValueError(f"params: expected LoRA variables with 'params' (the adapter) and "
+                         f"{BASE!r} (the base), got {got}")  # fmt: skip
+    plain = model.base_model() if isinstance(model, LoraDecoder) else model
+    return plain, {"params": params[BASE]}
+
+
+def first_adapter(publication: Publication, params: Any, url: str | None) -> None:
+    """Push the starting adapter as version 0; an engine at `url` that has no adapter
+    route (404: LoRA off) is a `ConfigError` naming `rollout.engine.url`."""
+    try:
+        publication.load(params, 0)
+    except PushFailed as error:
+        missing = [root for root, cause in error.failures.items()
+                   if isinstance(cause, EngineHTTPError) and cause.status == 404
+                   and "Not Found" in str(cause)]  # fmt: skip
+        if url is None or not missing:
+            raise
+        raise ConfigError(
+            f"rollout.engine.url: the engine at {url} has no {LOAD} route (HTTP 404); a lora "
+            "run needs it started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+        ) from None
+
+
 def engine_server(
     kind: str,
     *,
@@ -179,6 +233,7 @@ def engine_server(
     run_dir: str | os.PathLike[str],
     stack: contextlib.ExitStack,
     nccl_library: str | None = None,
+    lora: LoraConfig | None = None,
 ) -> OpenAIRolloutServer:
     """An `OpenAIRolloutServer` drawing from a `kind` engine ("vllm" or "sglang") at `url`,
     or launched by Dew when `url` is None, with weight pushes wired (module docstring).
@@ -187,11 +242,13 @@ def engine_server(
     `Pretrained`). sampling: the `Sampling` every draw uses (checked before any launch).
     concurrency: requests in flight. run_dir: holds `engine/policy` and `engine.log` of a
     launched engine. stack: closes the server, its client and the engine. nccl_library:
-    the engine's `libnccl.so.2`, with publish "nccl" only.
+    the engine's `libnccl.so.2`, with publish "nccl" only. lora: the adapter's
+    `LoraConfig` when the policy trains one (`params` then hold adapter and base).
     """
-    _check_choice(kind, publish, url, launch, nccl_library)
+    _check_choice(kind, publish, url, launch, nccl_library, lora)
     check_completions(sampling, kind, processed_logprobs=True)
-    policy = served_policy(model, params, kind)
+    base_model, base_params = (model, params) if lora is None else lora_base(model, params)
+    policy = served_policy(base_model, base_params, kind)
     library = None if nccl_library is None else nccl(nccl_library)
     if url is not None:
         root = url.rstrip("/")
@@ -203,16 +260,24 @@ def engine_server(
             kind, folder, run_dir=run_dir, stack=stack, launch=launch,
             max_model_len=policy.config.max_seq_len, dtype=policy.config.dtype,
             args=NCCL_ARGS if library is not None else (),
+            lora_rank=None if lora is None else lora.rank,
         )  # fmt: skip
     client = stack.enter_context(httpx.Client(base_url=root, timeout=300))
     name = served_name(client, root) if url is not None else SERVED_NAME
-    if library is None:
-        push: Any = SafetensorsReload(policy, folder, [root], kind, client=client)
+    push: Any
+    if lora is not None:
+        push = AdapterReload(policy.config, lora, Path(run_dir) / "engine" / "adapters",
+                             [root], name, client=client,
+                             taken=adapter_names(client) if url is not None else ())  # fmt: skip
+    elif library is None:
+        push = SafetensorsReload(policy, folder, [root], kind, client=client)
     else:
         push = NCCLPush(policy, [root], library, dtype="bfloat16", client=client)
         stack.callback(push.close)
     publication = Publication(push, version=0)
-    if url is not None:
+    if lora is not None:
+        first_adapter(publication, params, url)
+    elif url is not None:
         publication.load(policy.variables, 0)
     completion = OpenAICompletion(name, client, provider=kind)
     server = OpenAIRolloutServer(completion, sampling, publication, processed_logprobs=True,

@@ -20,6 +20,10 @@ calls it with what the config resolved to. It builds, closing each through ``sta
   batch appended to ``RUN_DIR/rollout.jsonl`` (``SchedulerRecord.as_dict``: ``index``,
   ``updates``, ``version``, ``lag``, ``waited``, ``pushed``, ...).
 
+When ``objective`` trains a LoRA adapter (``trained_adapter``), the engine must be vLLM: it
+serves the base and takes each push as an adapter (``engine_server(lora=)``), and the
+journal keeps the pushed variables as the scheduler hands them.
+
 ``rollout.adapt_ahead`` makes that scheduler's ``ahead`` an ``AdaptiveAhead`` starting at
 ``rollout.ahead`` (``schedule_ahead``); the source is sized for the most it may choose.
 """
@@ -33,6 +37,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dew.recipes.schema import ConfigError
 from dew.rollout.native import NativeRolloutServer
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.scheduler import RolloutScheduler
@@ -48,9 +53,13 @@ JOURNAL, RECORDS = "rollout-journal", "rollout.jsonl"
 
 
 def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, seed: int,
-            run_dir: str, stack: contextlib.ExitStack) -> Any:  # fmt: skip
-    """The rollout server the ``engine`` section names, serving ``params`` as version 0."""
+            run_dir: str, stack: contextlib.ExitStack, lora: Any = None) -> Any:  # fmt: skip
+    """The rollout server the ``engine`` section names, serving ``params`` as version 0
+    (with ``lora``, a ``LoraConfig``: a vLLM engine serving the adapter of ``params``)."""
     engine = rollout.engine
+    if engine.kind == "native" and lora is not None:
+        raise ConfigError("rollout.engine.kind: a LoRA adapter needs an engine that loads "
+                          "adapters at run time; expected 'vllm', got 'native'")  # fmt: skip
     if engine.kind == "native":
         from dew.inference import Server
 
@@ -66,7 +75,16 @@ def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, see
     return engine_server(engine.kind, url=engine.url, directory=engine.directory,
                          launch=launch, publish=engine.publish, model=model,
                          params=params, sampling=sampling, concurrency=rows, run_dir=run_dir,
-                         stack=stack, nccl_library=engine.nccl_library)  # fmt: skip
+                         stack=stack, nccl_library=engine.nccl_library, lora=lora)  # fmt: skip
+
+
+def trained_adapter(objective: Any) -> Any:
+    """The ``LoraConfig`` of an objective that trains an adapter (a ``LoraObjective``),
+    else None."""
+    from dew.models.lora import LoraConfig
+
+    lora = getattr(objective, "lora", None)
+    return lora if isinstance(lora, LoraConfig) else None
 
 
 def _records(
@@ -168,7 +186,8 @@ def build_scheduler(
     """
     if episodes is not None:
         episodes = {k: episodes[k] for k in EPISODE_KEYS}
-    server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack)
+    server = _server(model, params, rollout, sampling, rows, seed, run_dir, stack,
+                     trained_adapter(objective))  # fmt: skip
     ahead, top = schedule_ahead(rollout)
     in_flight = rows // groups * (groups + rollout.oversample) * (top + 1)
     source = _source(server, reward, decode, episodes, max_new_tokens, in_flight)
@@ -188,4 +207,5 @@ def build_scheduler(
     return scheduler
 
 
-__all__ = ["EPISODE_KEYS", "JOURNAL", "RECORDS", "build_scheduler", "schedule_ahead"]
+__all__ = ["EPISODE_KEYS", "JOURNAL", "RECORDS", "build_scheduler", "schedule_ahead",
+           "trained_adapter"]  # fmt: skip

@@ -51,20 +51,35 @@ def engine_prompt_log_probs(server: Any, ids: list[int]) -> np.ndarray:
     )
 
 
+def published(variables: Any) -> dict[str, Any]:
+    """``variables`` as the engine holds them: full weights rounded to bfloat16 (what
+    ``SafetensorsReload`` writes); for LoRA variables the base rounded (the engine's
+    bfloat16 checkpoint) and the adapter kept in float32 (``AdapterReload``'s files)."""
+
+    def bf16(tree: Any) -> Any:
+        return jax.tree.map(lambda x: np.asarray(x).astype(jnp.bfloat16).astype(np.float32),
+                            tree)  # fmt: skip
+
+    if "base" in variables:
+        adapter = jax.tree.map(lambda x: np.asarray(x, np.float32), variables["params"])
+        return {"params": adapter, "base": bf16(variables["base"])}
+    return {"params": bf16(variables["params"])}
+
+
 def dew_prompt_log_probs(model: Any, params: Any, rows: list[list[int]]) -> list[np.ndarray]:
     """Dew's log-probability of each id after the first of every row (raw logits, no
-    temperature), under ``params`` rounded to bfloat16 as a push publishes them."""
+    temperature), under ``params`` as a push publishes them (``published``): the bare
+    parameter tree, or LoRA variables ``{"params": adapter, "base": base}``."""
     from dew.objectives.scoring import packed_log_probs
 
-    published = jax.tree.map(
-        lambda x: np.asarray(x).astype(jnp.bfloat16).astype(np.float32), params
-    )
+    lora = isinstance(params, dict) and "base" in params
+    variables = published(params if lora else {"params": params})
     ids = np.concatenate([np.asarray(r, np.int32) for r in rows])[None]
     segments = np.concatenate([np.full(len(r), i + 1, np.int32) for i, r in enumerate(rows)])
     positions = np.concatenate([np.arange(len(r), dtype=np.int32) for r in rows])
     batch = {"input_ids": jnp.asarray(ids), "text_segment_ids": jnp.asarray(segments[None]),
              "text_positions": jnp.asarray(positions[None])}  # fmt: skip
-    scored = np.asarray(packed_log_probs(model, {"params": published}, batch, None))[0]
+    scored = np.asarray(packed_log_probs(model, variables, batch, None))[0]
     out, start = [], 0
     for row in rows:
         out.append(scored[start + 1 : start + len(row)])
@@ -88,7 +103,8 @@ def finish(scheduler: Any, params: Any, updates: int, run_dir: str) -> dict[str,
         return None
     model = scheduler.objective.model
     rows = probe_rows(int(model.config.vocab_size))
-    ours = dew_prompt_log_probs(model, variables["params"], rows)
+    lora = "base" in variables  # an adapter run: scored with its adapter and base
+    ours = dew_prompt_log_probs(model, variables if lora else variables["params"], rows)
     theirs = [engine_prompt_log_probs(server, row) for row in rows]
     worst = max(float(np.abs(a - b).max()) for a, b in zip(theirs, ours, strict=True))
     check = {"version": int(server.version), "ids": rows,
@@ -102,4 +118,4 @@ def finish(scheduler: Any, params: Any, updates: int, run_dir: str) -> dict[str,
 
 
 __all__ = ["CHECK_FILE", "dew_prompt_log_probs", "engine_prompt_log_probs", "finish",
-           "probe_rows"]  # fmt: skip
+           "probe_rows", "published"]  # fmt: skip

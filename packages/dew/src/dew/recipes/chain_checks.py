@@ -74,8 +74,9 @@ def check_stage(stage: Any) -> str:
 
 def _check_lora(stage: Any) -> None:
     """Refuse a ``lora`` that is not a ``LoraConfig``, and one on tool episodes or with an
-    asynchronous rollout (adapters are not served to engines or tool workers)."""
+    asynchronous rollout on an engine other than vLLM (``lora_rollout_problem``)."""
     from dew.models.lora import LoraConfig
+    from dew.recipes.lora_config import lora_rollout_problem
 
     if stage.lora is None:
         return
@@ -84,12 +85,9 @@ def _check_lora(stage: Any) -> None:
             f"Stage.lora ({stage.name}): expected a LoraConfig or None, "
             f"got {type(stage.lora).__name__}"
         )
-    if stage.source is not None or (stage.rollout is not None and stage.rollout.is_async):
-        raise ValueError(
-            f"Stage.lora ({stage.name}): expected a stage on data with rollout.mode sync "
-            "(adapters are not served to engines or tool workers yet), got "
-            + ("an environment source" if stage.source is not None else "rollout.mode async")
-        )
+    problem = lora_rollout_problem(stage.rollout, stage.source)
+    if problem is not None:
+        raise ValueError(f"Stage.{problem[0]} ({stage.name}): {problem[1]}")
 
 
 def _check_sampling(stage: Any) -> None:

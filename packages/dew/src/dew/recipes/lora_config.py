@@ -12,6 +12,12 @@ same keys. With the section, the stage's objective is wrapped in
 ``dew.objectives.lora.LoraObjective`` (the base frozen, the reference the adapter-off
 base); at the end the adapter is written to ``RUN_DIR/adapter`` in PEFT's layout, and
 ``run.export`` receives the merged weights. ``dew train ppo`` refuses the section.
+
+With ``rollout.mode: async`` the adapter is served by a vLLM engine (``rollout.engine.kind:
+vllm``): launched with run-time adapters on, or joined at a url it was started with
+``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; each push loads the
+adapter alone (``dew.rollout.AdapterReload``), the base staying as the engine loaded it.
+SGLang, the native server and tool episodes are refused (``lora_rollout_problem``).
 """
 
 from __future__ import annotations
@@ -76,6 +82,23 @@ def lora_section(raw: Any, kind: str) -> LoraSection | None:
     return section(LoraSection, raw, "lora")
 
 
+def lora_rollout_problem(rollout: Any, source: Any) -> tuple[str, str] | None:
+    """Why an adapter cannot be trained with ``rollout`` (a ``RolloutConfig`` or None) and
+    ``source`` (tool episodes or None): ``(key, message)``, the key relative to the config
+    root; None when it can."""
+    if source is not None:
+        return "lora", ("expected prompts from data (adapters are not served to tool "
+                        "workers yet), got a source section")  # fmt: skip
+    if rollout is None or not getattr(rollout, "is_async", False):
+        return None
+    kind = rollout.engine.kind
+    if kind != "vllm":
+        return "rollout.engine.kind", (
+            f"a lora section needs an engine that loads adapters at run time; expected "
+            f"vllm, got {kind}")  # fmt: skip
+    return None
+
+
 def adapter_wrapper(lora: LoraSection, model: Any, base_path: str | None) -> Any:
     """``objective -> LoraObjective`` (``LoraPPOObjective`` for a ``PPOObjective``) for
     ``build_stage``; errors name ``lora.<key>``."""
@@ -117,4 +140,4 @@ def export_adapter(objective: Any, state: Any, run_dir: str, export: str | None)
 
 
 __all__ = ["LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_objective",
-           "lora_section"]  # fmt: skip
+           "lora_rollout_problem", "lora_section"]  # fmt: skip

@@ -41,7 +41,7 @@ from dew.recipes.builder import (
 )
 from dew.recipes.diffusion_config import DIFFUSION_KEYS, check_diffusion
 from dew.recipes.harbor_config import HarborConfig, harbor_section
-from dew.recipes.lora_config import LoraSection, lora_section
+from dew.recipes.lora_config import LoraSection, lora_rollout_problem, lora_section
 from dew.recipes.ppo_stage import PPOObjectiveConfig
 from dew.recipes.references import local_path
 from dew.recipes.rollout_config import RolloutConfig, rollout_config
@@ -314,13 +314,9 @@ def train_config(mapping: Mapping[str, Any], kind: str) -> TrainConfig:
         lora=lora_section(mapping.get("lora"), kind),
     )
     config = dataclasses.replace(config, rollout=_rollout(mapping, kind, config.objective))
-    if config.lora is not None and (
-        source is not None or getattr(config.rollout, "is_async", False)
-    ):
-        raise ConfigError(
-            "lora: expected prompts from data with rollout.mode sync (adapters "
-            "are not served to engines or tool workers yet), got another setup"
-        )
+    problem = None if config.lora is None else lora_rollout_problem(config.rollout, source)
+    if problem is not None:
+        raise ConfigError(": ".join(problem))
     kept = getattr(config.objective, "dynamic_sampling_groups", None)
     if kept is not None and kept > config.run.batch:
         raise ConfigError(f"objective.dynamic_sampling_groups: expected at most run.batch "
