@@ -417,6 +417,11 @@ def test_a_lora_grpo_config_trains_adapters_on_the_running_engine(engine, pretra
     records = [json.loads(line) for line in (run_dir / "rollout.jsonl").read_text().splitlines()]
     versions = [r["version"] for r in records]
     assert len(versions) == STEPS and versions == sorted(versions) and versions[-1] >= 1
+    journal = sorted((run_dir / "rollout-journal").glob("weights-*.npz"))
+    assert journal, "no pushed weights journaled"
+    for path in journal:  # the journal keeps the adapter alone, not the base
+        with np.load(path) as kept:
+            assert len(kept.files) == len(jax.tree.leaves(adapters(pretrained.model.config, 0)))
     assert digests(policy) == on_disk  # the base checkpoint was never rewritten
     np.testing.assert_array_equal(prompt_log_probs(engine.url, PROMPTS[0], name=NAME), base_scores)
     check = json.loads((run_dir / "engine-check.json").read_text())

@@ -245,7 +245,9 @@ class RolloutScheduler:
             if earlier >= index + self.ahead and version is None:
                 continue  # beyond the current horizon and never submitted
             if version is not None and version != self.weights.version:
-                kept = self.journal.weights(version, variables) if self.journal else None
+                kept = (
+                    self.journal.weights(version, self._sent(variables)) if self.journal else None
+                )
                 if kept is not None:
                     self._push(kept, version)
             if version is None or version != self.weights.version:
@@ -304,13 +306,20 @@ class RolloutScheduler:
         self._push(variables, updates)
         return updates
 
+    def _sent(self, variables: Any) -> Any:
+        """What a push sends of ``variables``, and so what the journal keeps: the
+        publisher's ``select`` (an adapter push: the adapter alone), else all of them."""
+        select = getattr(getattr(getattr(self.weights, "weights", None), "push", None),
+                         "select", None)  # fmt: skip
+        return select(variables) if callable(select) else variables
+
     def _push(self, variables: Any, version: int) -> None:
         copy = jax.tree.map(lambda x: jnp.array(x, copy=True), variables)
         for _ in range(2):
             self.weights.load(copy, version)
             if int(self.weights.version) == version:
                 if self.journal is not None:
-                    self.journal.pushed(copy, version)
+                    self.journal.pushed(self._sent(copy), version)
                 return
         raise RuntimeError(
             f"weights: pushing version {version} left the served version at "
