@@ -66,20 +66,18 @@ def published(variables: Any) -> dict[str, Any]:
     return {"params": bf16(variables["params"])}
 
 
-def dew_prompt_log_probs(model: Any, params: Any, rows: list[list[int]]) -> list[np.ndarray]:
+def dew_prompt_log_probs(model: Any, variables: Any, rows: list[list[int]]) -> list[np.ndarray]:
     """Dew's log-probability of each id after the first of every row (raw logits, no
-    temperature), under ``params`` as a push publishes them (``published``): the bare
-    parameter tree, or LoRA variables ``{"params": adapter, "base": base}``."""
+    temperature), under ``variables`` (``{"params": ...}``, or LoRA variables with a
+    ``base``) as a push publishes them (``published``)."""
     from dew.objectives.scoring import packed_log_probs
 
-    lora = isinstance(params, dict) and "base" in params
-    variables = published(params if lora else {"params": params})
     ids = np.concatenate([np.asarray(r, np.int32) for r in rows])[None]
     segments = np.concatenate([np.full(len(r), i + 1, np.int32) for i, r in enumerate(rows)])
     positions = np.concatenate([np.arange(len(r), dtype=np.int32) for r in rows])
     batch = {"input_ids": jnp.asarray(ids), "text_segment_ids": jnp.asarray(segments[None]),
              "text_positions": jnp.asarray(positions[None])}  # fmt: skip
-    scored = np.asarray(packed_log_probs(model, variables, batch, None))[0]
+    scored = np.asarray(packed_log_probs(model, published(variables), batch, None))[0]
     out, start = [], 0
     for row in rows:
         out.append(scored[start + 1 : start + len(row)])
@@ -103,8 +101,7 @@ def finish(scheduler: Any, params: Any, updates: int, run_dir: str) -> dict[str,
         return None
     model = scheduler.objective.model
     rows = probe_rows(int(model.config.vocab_size))
-    lora = "base" in variables  # an adapter run: scored with its adapter and base
-    ours = dew_prompt_log_probs(model, variables if lora else variables["params"], rows)
+    ours = dew_prompt_log_probs(model, variables, rows)  # an adapter run: with its base
     theirs = [engine_prompt_log_probs(server, row) for row in rows]
     worst = max(float(np.abs(a - b).max()) for a, b in zip(theirs, ours, strict=True))
     check = {"version": int(server.version), "ids": rows,
