@@ -26,7 +26,16 @@ ratio load moves least). The memory floor of a step is the bytes it must move (r
 float32 inputs and the bool mask, write the float32 gradient: 21 bytes a token) over the
 same round's copy bandwidth (a 256 MiB copy, read + write), and "floor fraction" is that
 floor over the step's time (goal >= 0.5 at [256, 2048]); the library path is compared with
-the hand-fused one (goal: within 10%). Record: tools/bench/results/rl.json.
+the hand-fused one (goal: within 10%).
+
+The step is not only memory: each token also costs two exponentials and about a hundred
+elementwise operations. The "compute floor" contender runs the loss and its derivative once
+(``_terms_and_grad``, the least arithmetic any implementation must do) over a 4096-token
+tile that stays in cache, repeated until it has covered the same number of tokens, so it
+measures the arithmetic alone at this round's speed. The floor a step can reach is the larger
+of the two floors ("floor fraction (max floor / time)"), and XLA's own count of the compiled
+step's operations (flops, transcendentals and bytes accessed per token, from
+``cost_analysis``) is printed beside it. Record: tools/bench/results/rl.json.
 
 ``--no-verl`` leaves the verl worker out (no reference venv needed): the jax contenders and
 the floor are timed alone, no verl ratio is printed, and the record goes to
@@ -140,6 +149,40 @@ def fused_value_and_grad(lp, old, ref, adv, mask):  # type: ignore[no-untyped-de
     return jnp.sum(terms) * inv_n, grad
 
 
+TILE = 4096  # tokens of the compute floor's cache-resident tile (5 inputs: 80 KiB)
+
+
+def compute_floor_fn(tokens: int) -> tuple[Callable, tuple]:
+    """A jitted pass of the loss arithmetic over ``tokens`` tokens, read from one cached tile.
+
+    ``tokens // TILE`` iterations of ``_terms_and_grad`` on the same [1, TILE] inputs. The
+    log-probabilities are shifted by the previous iteration's sum times 1e-30 (a value that
+    leaves them unchanged in float32 but that XLA cannot know), so no iteration can be hoisted
+    out of the loop or merged with another; the sums keep every result live.
+    """
+    tile = make_inputs(1, TILE, seed=1)
+    args = tuple(jax.device_put(tile[k]) for k in ARG_ORDER)
+    reps = max(1, tokens // TILE)
+
+    def run(lp, old, ref, adv, mask):  # type: ignore[no-untyped-def]
+        def body(i, acc):  # type: ignore[no-untyped-def]
+            shifted = lp + acc * 1e-30
+            terms, grad = _terms_and_grad(shifted, old, ref, adv, mask, 1.0 / TILE)
+            return acc + jnp.sum(terms) + jnp.sum(grad)
+
+        return jax.lax.fori_loop(0, reps, body, jnp.float32(0.0))
+
+    return jax.jit(run), args
+
+
+def op_counts(fn: Callable, args: tuple, tokens: int) -> dict[str, float]:
+    """XLA's count for the compiled ``fn``: flops, transcendentals and bytes per token."""
+    cost = fn.lower(*args).compile().cost_analysis()  # type: ignore[attr-defined]
+    cost = cost[0] if isinstance(cost, list) else cost
+    keys = {"flops": "flops", "transcendentals": "transcendentals", "bytes": "bytes accessed"}
+    return {name: float(cost.get(key, 0.0)) / tokens for name, key in keys.items()}
+
+
 def copy_seconds(src: np.ndarray, dst: np.ndarray, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
@@ -191,7 +234,8 @@ def main() -> None:
         f"{args.repeats} runs, interleaved; a round's value is the median of its runs"
     )
     others = () if worker is None else ("verl",)
-    checks_all = {}
+    checks_all: dict[str, dict] = {}
+    counts_all: dict[str, dict] = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for b, t in sizes:
@@ -209,6 +253,10 @@ def main() -> None:
                         "grad_abs_sum": float(jnp.sum(jnp.abs(grad))),
                     }
                 moved = b * t * BYTES_PER_TOKEN
+                arith, arith_args = compute_floor_fn(b * t)
+                jax.block_until_ready(arith(*arith_args))  # compile outside the rounds
+                counts = {name: op_counts(fn, jargs, b * t) for name, fn in impls.items()}
+                counts_all[f"{b}x{t}"] = counts
 
                 def floor(moved: int = moved) -> float:  # the bytes at this round's bandwidth
                     copies = copy_seconds(src, dst, max(3, args.repeats // 5))
@@ -219,7 +267,10 @@ def main() -> None:
                     got = worker.ask(time=args.repeats)
                     return {"wall": got["times_s"], "cpu": got["cpu_s"]}
 
-                contenders: dict[str, Callable] = {"floor": floor}
+                contenders: dict[str, Callable] = {
+                    "floor": floor,
+                    "compute floor": lambda f=arith, a=arith_args: time_calls(f, a, args.repeats),
+                }
                 if worker is not None:
                     contenders["verl"] = verl
                 for name, fn in impls.items():
@@ -227,6 +278,13 @@ def main() -> None:
                 times = bench.rounds(contenders, args.rounds, group=f"{b}x{t}", verbose=False)
                 bench.say(f"\n[{b}, {t}] float32, {b * t} tokens, {moved / 2**20:.1f} MiB to move")
                 bench.show("memory floor (copy bandwidth)", times["floor"], 1e6, " us", 0)
+                bench.show("compute floor (one pass, cached)", times["compute floor wall"],
+                           1e6, " us", 0)  # fmt: skip
+                both = [max(m, c) for m, c in zip(times["floor"], times["compute floor wall"])]
+                for name, count in counts.items():
+                    bench.say(f"  XLA count {name:9s} per token: {count['flops']:.0f} flops, "
+                              f"{count['transcendentals']:.0f} transcendentals, "
+                              f"{count['bytes']:.1f} bytes accessed")  # fmt: skip
                 for name in (*others, *impls):
                     bench.show(f"{name} wall", times[f"{name} wall"], 1e6, " us", 0)
                     bench.show(f"{name} cpu", times[f"{name} cpu"], 1e6, " us", 0)
@@ -239,6 +297,8 @@ def main() -> None:
                                       times[f"{name} cpu"])  # fmt: skip
                     goal = GOAL_FLOOR if (b, t) == (256, 2048) else None
                     bench.compare(f"{name} floor fraction (floor / time)", times["floor"],
+                                  times[f"{name} wall"], goal)  # fmt: skip
+                    bench.compare(f"{name} floor fraction (max floor / time)", both,
                                   times[f"{name} wall"], goal)  # fmt: skip
                 bench.compare("library path vs hand-fused (fused / dew.rl time)",
                               times["fused wall"], times["dew.rl wall"], GOAL_FUSED)  # fmt: skip
@@ -253,7 +313,7 @@ def main() -> None:
     finally:
         if worker is not None:
             worker.close()
-    bench.finish({"args": vars(args), "checks": checks_all})
+    bench.finish({"args": vars(args), "checks": checks_all, "op_counts": counts_all})
 
 
 if __name__ == "__main__":
