@@ -95,8 +95,11 @@ def test_bad_lora_values_are_one_line_naming_the_key(tokens, tmp_path, capsys, e
     assert line.startswith(message), line
 
 
-def test_ppo_refuses_a_lora_section(tokens, tmp_path, capsys):
+def test_ppo_with_lora_refuses_an_engine_that_cannot_load_adapters(tokens, tmp_path, capsys):
     argv = ["train", "ppo", "--data", str(tokens / "prompts.jsonl"), "--run-dir",
-            str(tmp_path / "ppo"), "--steps", "1", "--set", "lora.rank=2"]  # fmt: skip
+            str(tmp_path / "ppo"), "--steps", "1", "--lora-rank", "2", "--set",
+            "rollout.mode=async", "--set", "objective.behavior_importance=2.0"]  # fmt: skip
     line = error_line(capsys, argv)
-    assert line.startswith("dew: error: lora: expected no lora section for 'dew train ppo'"), line
+    assert line == ("dew: error: rollout.engine.kind: a lora section needs an engine that loads "
+                    "adapters at run time; expected vllm, got native"), line  # fmt: skip
+    assert not (tmp_path / "ppo").exists()

@@ -48,12 +48,12 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
      "$XDG_CACHE_HOME/dew/jax; dew.compile_cache)", None),
     (("--lora-rank",), "lora.rank", int, "train a LoRA adapter of this rank on the frozen "
      "base instead of every weight (the adapter is written to RUN_DIR/adapter)",
-     ("lm", "sft", "dpo", "grpo")),
+     None),
     (("--lora-alpha",), "lora.alpha", float, "LoRA scale numerator (scale alpha / rank)",
-     ("lm", "sft", "dpo", "grpo")),
+     None),
     (("--lora-targets",), "lora.targets", str, "projections the adapter wraps, comma-separated "
      "(q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
-     ("lm", "sft", "dpo", "grpo")),
+     None),
     (("--lr",), "optimizer.learning_rate", float, "peak learning rate", None),
     (("--optimizer",), "optimizer.name", str, "adam, adamw or sgd", None),
     (("--weight-decay",), "optimizer.weight_decay", float,

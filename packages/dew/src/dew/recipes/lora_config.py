@@ -10,8 +10,10 @@ names separated by commas (``q_proj,v_proj``, or one name) is read as that list.
 ``--lora-rank``, ``--lora-alpha`` and ``--lora-targets`` (comma-separated names) set the
 same keys. With the section, the stage's objective is wrapped in
 ``dew.objectives.lora.LoraObjective`` (the base frozen, the reference the adapter-off
-base); at the end the adapter is written to ``RUN_DIR/adapter`` in PEFT's layout, and
-``run.export`` receives the merged weights. ``dew train ppo`` refuses the section.
+base); ``dew train ppo``'s in ``dew.objectives.lora_ppo.LoraPPOObjective``, where the
+adapter sits on the policy and the critic (``ValueHead``) still trains every weight. At the
+end the adapter is written to ``RUN_DIR/adapter`` in PEFT's layout, and ``run.export``
+receives the merged weights (PPO: the policy's alone, without the critic).
 
 With ``rollout.mode: async`` the adapter is served by a vLLM engine (``rollout.engine.kind:
 vllm``): launched with run-time adapters on, or joined at a url it was started with
@@ -31,8 +33,8 @@ from typing import Any
 from dew.recipes.schema import ConfigError, section
 
 _NAMES = re.compile(r"\s*[\w.]+\s*(,\s*[\w.]+\s*)*")
-#: The kinds whose objective trains an adapter.
-LORA_KINDS = ("lm", "sft", "dpo", "grpo")
+#: The kinds whose objective trains an adapter (every ``dew train`` kind).
+LORA_KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -311,7 +311,8 @@ def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack)
         family = None if config.model.pretrained else config.model.name
         params = jax.device_get(state.params) if merged is None else merged
         policy_of = getattr(prepared.objective, "policy_variables", None)  # PPO: drop the critic
-        params = params if policy_of is None else policy_of(params)
+        if merged is None and policy_of is not None:  # merged: already the policy alone
+            params = policy_of(params)
         models.Pretrained.from_model(prepared.model, params,
                                      family=family).save(r.export, dtype=r.export_dtype)  # fmt: skip
         tokenizer = getattr(config.data, "tokenizer", None)
