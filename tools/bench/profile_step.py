@@ -1,0 +1,189 @@
+"""Where the time of Dew's compiled SFT step goes: a per-op profile, grouped.
+
+Builds the SFT step the SFT bench times (``LMObjective`` + AdamW through ``Trainer``, a random
+Qwen3 of ``--shape``, batch ``--batch`` x ``--seq``), runs it under ``jax.profiler.trace``
+with a Perfetto trace, and reads back the time of every XLA operation (one event per thunk
+on CPU). Each operation is looked up in the compiled HLO text, which says what it computes
+(a matrix product, or a fusion around one, or everything else) and where it came from (the
+``op_name`` metadata: forward or backward pass, attention, MLP, norms, embedding and head,
+the optimizer update). Printed per group: milliseconds per step and share of the traced
+operation time; then the matrix products' rate against the same process's ``jnp.dot`` peak
+(model FLOPs over the time spent in products) and the slowest operations that are not
+products. It is a diagnosis, not a contest: no peer runs here (``bench_sft.py`` compares).
+
+    .venv/bin/python tools/bench/profile_step.py [--shape small] [--batch 8] [--seq 256]
+        [--steps 3] [--cpus 1] [--threads 1]
+
+Record: tools/bench/results/profile_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _rounds import Bench, add_arguments, jnp_dot_peak  # noqa: E402
+from _shapes import SHAPES  # noqa: E402
+
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
+_CALLS = re.compile(r"calls=%([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
+PARTS = (("self_attn", "attention"), ("mlp", "mlp"), ("layernorm", "norms"),
+         ("norm", "norms"), ("embed_tokens", "embedding+head"), ("logits", "embedding+head"))  # fmt: skip
+
+
+def parse_hlo(text: str) -> dict[str, dict]:
+    """``name -> {op, op_name, matmul}`` for every instruction of the compiled module; a
+    fusion counts as a matrix product when its computation holds a dot or a convolution."""
+    computations: dict[str, list[str]] = collections.defaultdict(list)
+    current = ""
+    info: dict[str, dict] = {}
+    for line in text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and line.rstrip().endswith("{"):
+            current = head.group(1)
+            continue
+        found = _INSTRUCTION.match(line)
+        if not found:
+            continue
+        name, op = found.groups()
+        computations[current].append(op)
+        calls = _CALLS.search(line)
+        op_name = _OP_NAME.search(line)
+        info[name] = {"op": op, "calls": calls.group(1) if calls else "",
+                      "op_name": op_name.group(1) if op_name else ""}  # fmt: skip
+    for entry in info.values():
+        inner = computations.get(entry["calls"], [])
+        entry["matmul"] = entry["op"] in ("dot", "convolution") or any(
+            op in ("dot", "convolution") for op in inner
+        )
+    return info
+
+
+def group_of(entry: dict) -> tuple[str, str, str]:
+    """``(phase, part, kind)`` of an instruction from its op_name metadata."""
+    op_name = entry["op_name"]
+    if "transpose(jvp(" in op_name:
+        phase = "backward"
+    elif "jvp(" in op_name:
+        phase = "forward"
+    else:
+        phase = "update+glue"
+    part = next((label for key, label in PARTS if key in op_name), "other")
+    return phase, part, "matmul" if entry["matmul"] else "other ops"
+
+
+def op_times(trace_dir: str, steps: int) -> dict[str, float]:
+    """Seconds per step of every traced operation (Perfetto 'X' events), by name."""
+    files = sorted(Path(trace_dir).rglob("*.trace.json.gz"))
+    events = json.load(gzip.open(files[-1]))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    total: dict[str, float] = collections.Counter()
+    for event in events:
+        if event.get("ph") == "X":
+            total[event["name"]] += event.get("dur", 0) * 1e-6 / steps
+    return dict(total)
+
+
+def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The compiled Trainer step, its state, a placed batch and the model's FLOPs a step."""
+    import jax
+    import numpy as np
+    import optax
+
+    from dew import models
+    from dew.mesh import global_batch
+    from dew.objectives.lm import LMObjective
+    from dew.trainer import Trainer
+
+    shape = SHAPES[args.shape]
+    model = models.build(
+        "qwen3", vocab_size=shape["vocab_size"], emb_features=shape["hidden_size"],
+        mlp_features=shape["intermediate_size"], num_layers=shape["num_hidden_layers"],
+        num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
+        head_dim=shape["head_dim"], qk_norm=True,
+    )  # fmt: skip
+    objective = LMObjective(model, args.seq, ema_decay=None)
+    trainer = Trainer(objective, optax.adamw(1e-4), key=jax.random.key(0),
+                      devices=jax.devices()[:1])  # fmt: skip
+    state = trainer.initial_state()
+    tokens = np.random.default_rng(1).integers(1, shape["vocab_size"], (args.batch, args.seq + 1))
+    batch = global_batch({"text": tokens.astype(np.int32)}, trainer.mesh)
+    params = sum(x.size for x in jax.tree.leaves(state.params))
+    heads, head_dim = shape["num_attention_heads"], shape["head_dim"]
+    attention = 6 * shape["num_hidden_layers"] * heads * head_dim * args.seq * args.batch * args.seq
+    flops = 6.0 * params * args.batch * args.seq + attention
+    return trainer._step(), state, batch, flops
+
+
+def report(bench: Bench, info: dict, times: dict[str, float], step_s: float, flops: float,
+           peak: float) -> dict:  # fmt: skip
+    """Print the grouped table, the products' rate and the slowest other ops; return them."""
+    groups: dict[tuple, float] = collections.Counter()
+    others: list[tuple[float, str, str]] = []
+    for name, seconds in times.items():
+        if name not in info:
+            continue
+        key = group_of(info[name])
+        groups[key] += seconds
+        if key[2] != "matmul":
+            others.append((seconds, name, info[name]["op_name"]))
+    traced = sum(groups.values())
+    bench.say(f"step {step_s * 1e3:.1f} ms wall; traced operations {traced * 1e3:.1f} ms")
+    bench.say(f"{'phase':12s} {'part':15s} {'kind':10s} {'ms/step':>9s} {'share':>6s}")
+    for (phase, part, kind), seconds in sorted(groups.items(), key=lambda kv: -kv[1]):
+        bench.say(f"{phase:12s} {part:15s} {kind:10s} {seconds * 1e3:9.2f} {seconds / traced:6.1%}")
+    matmul = sum(s for k, s in groups.items() if k[2] == "matmul")
+    rate = flops / matmul if matmul else 0.0
+    bench.say(f"matrix products: {matmul * 1e3:.1f} ms for {flops / 1e9:.2f} GFLOP = "
+              f"{rate / 1e9:.1f} GFLOP/s; jnp.dot peak {peak / 1e9:.1f} GFLOP/s "
+              f"({rate / peak:.2f} of it); at the peak the step would take "
+              f"{(flops / peak + traced - matmul) * 1e3:.1f} ms with the other ops as they are")  # fmt: skip
+    bench.say("slowest operations that are not products:")
+    for seconds, name, op_name in sorted(others, reverse=True)[:12]:
+        bench.say(f"  {seconds * 1e3:7.2f} ms  {name:28s} {op_name[:90]}")
+    return {"groups": {"/".join(k): v for k, v in groups.items()}, "traced_s": traced,
+            "matmul_s": matmul, "flops": flops, "peak_flops": peak, "step_s": step_s}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser, rounds=3)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3, help="traced steps")
+    args = parser.parse_args()
+    bench = Bench("profile_step", args.cpus, args.threads)
+    import jax
+
+    step, state, batch, flops = build_step(args)
+    for _ in range(2):  # compile and warm up
+        state, metrics = step(state, batch)
+        jax.block_until_ready(metrics)
+    info = parse_hlo(step.lower(state, batch).compile().as_text())
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(args.steps):
+                state, metrics = step(state, batch)
+                jax.block_until_ready(metrics)
+        step_s = (time.perf_counter() - start) / args.steps
+        times = op_times(trace_dir, args.steps)
+    at_peak = jnp_dot_peak(flops)  # seconds the FLOPs take at the peak: best of three
+    peak = flops / min(at_peak() for _ in range(3))
+    payload = report(bench, info, times, step_s, flops, peak)
+    bench.finish({"args": vars(args), **payload})
+
+
+if __name__ == "__main__":
+    main()
