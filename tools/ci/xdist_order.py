@@ -28,10 +28,12 @@ from xdist.scheduler import LoadScopeScheduling
 
 #: Files that run on one worker, one after another, by path from the repository root.
 GROUPS: dict[str, str] = {
-    # The three users of dew-rollout's session-scoped `vllm_engine` fixture (conftest.py):
-    # the engine starts once, in collection order, as in a one-process run.
+    # The users of dew-rollout's session-scoped `vllm_engine` fixture (conftest.py): the
+    # engine starts once, in collection order, as in a one-process run.
+    "packages/dew-rollout/tests/test_rollout_vllm_chat.py": "vllm-engine",
     "packages/dew-rollout/tests/test_rollout_vllm_engine.py": "vllm-engine",
     "packages/dew-rollout/tests/test_rollout_vllm_gateway.py": "vllm-engine",
+    "packages/dew-rollout/tests/test_rollout_vllm_lora.py": "vllm-engine",
     "packages/dew-rollout/tests/test_rollout_vllm_scheduler.py": "vllm-engine",
 }
 

@@ -2,9 +2,12 @@
 
 The `vllm_engine` fixture starts one vLLM CPU engine per test session (startup takes
 two to three minutes) over a checkpoint `SafetensorsReload.write` produced, on all CPUs
-but one (`engine_cpus`), so the tests keep a core while it decodes. When the
-engine's virtualenv is missing it skips with the reason; when it is present but the
-engine fails to start, the tests fail with the engine's log.
+but one (`engine_cpus`), so the tests keep a core while it decodes. It serves what every
+module using it needs: token-id prompts and weight pushes, chats (it loads the tiny
+model's chat tokenizer, `rollout_engine.chat_tokenizer`) and run-time LoRA adapters up to
+rank `LORA_RANK`. The modules share its state, so each pushes the weights it starts from.
+When the engine's virtualenv is missing it skips with the reason; when it is present but
+the engine fails to start, the tests fail with the engine's log.
 """
 
 from __future__ import annotations
@@ -18,7 +21,14 @@ from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
-from rollout_engine import VLLMEngine, engine_cpus, tiny_pretrained, vllm_python  # noqa: E402
+from rollout_engine import (  # noqa: E402
+    LORA_RANK,
+    VLLMEngine,
+    chat_tokenizer,
+    engine_cpus,
+    tiny_pretrained,
+    vllm_python,
+)
 from rollout_fakes import FakeSGLang, FakeVLLM  # noqa: E402
 from rollout_tiny import Tiny, build_tiny  # noqa: E402
 
@@ -53,6 +63,9 @@ def fake_sglang() -> Iterator[FakeSGLang]:
 
 @dataclass
 class LiveEngine:
+    """The session engine, the full-weight push to it, and the checkpoint folder it serves
+    (pushes rewrite it)."""
+
     engine: VLLMEngine
     reload: SafetensorsReload
     directory: Path
@@ -69,7 +82,9 @@ def vllm_engine(
     directory = root / "policy"
     placeholder = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])
     placeholder.write()
-    engine = VLLMEngine(python, directory, root, cpus=engine_cpus())
+    tokenizer = chat_tokenizer(root / "tokenizer")
+    engine = VLLMEngine(python, directory, root, cpus=engine_cpus(), tokenizer=tokenizer,
+                        lora_rank=LORA_RANK)  # fmt: skip
     reload = SafetensorsReload(pretrained, directory, [engine.url], "vllm", timeout=120)
     try:
         yield LiveEngine(engine, reload, directory)

@@ -140,11 +140,12 @@ class FakeChatVLLM(FakeVLLM):
 
 class GatewayProcess:
     """rllm-model-gateway 0.1.0 on 127.0.0.1 in front of `worker` (an engine root URL), or
-    of no worker at all (`None`: workers join through its admin routes)."""
+    of no worker at all (`None`: workers join through its admin routes); `model` is the
+    worker's model name in the gateway's config."""
 
     def __init__(
         self, worker: str | None, directory: Path, *, interval: float = 0.3,
-        startup: float = 60.0,
+        startup: float = 60.0, model: str = MODEL,
     ) -> None:  # fmt: skip
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -157,7 +158,7 @@ class GatewayProcess:
             f"health_check_interval: {interval}\n"
             "log_level: WARNING\n"
             + ("workers: []\n" if worker is None else
-               f"workers:\n  - url: {worker}/v1\n    model_name: {MODEL}\n")
+               f"workers:\n  - url: {worker}/v1\n    model_name: {model}\n")
         )  # fmt: skip
         self.log = directory / "gateway.log"
         self.process = start(

