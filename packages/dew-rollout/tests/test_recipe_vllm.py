@@ -1,10 +1,13 @@
 """``dew train grpo --config`` with ``rollout.engine: {kind: vllm, launch: ...}`` against the
-real vLLM CPU engine (three launches, a few minutes). Dew writes the starting checkpoint,
+real vLLM CPU engine (two launches, a few minutes). Dew writes the starting checkpoint,
 starts the engine, trains one batch ahead with a push before each draw, leaves the engine
-serving the trained weights, and stops it. The engine's prompt log-probabilities for the
-final weights, written to ``RUN_DIR/engine-check.json``, are checked here against Dew's own
-scoring of the final checkpoint, and no engine process may outlive the command. A run
-SIGINTed after its first checkpoint stops its engine and resumes with a new one."""
+serving the trained weights, and stops it. One run is SIGINTed after its first checkpoint:
+it stops its engine, keeps the checkpoint, and the rerun resumes with an engine of its
+own and trains to the end. That resumed run is the one the other checks read: the
+engine's prompt log-probabilities for the final weights, written to
+``RUN_DIR/engine-check.json``, are checked against Dew's own scoring of the final
+checkpoint, the batches keep the one-ahead schedule across the stop, and no engine process
+may outlive either command."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -93,23 +98,60 @@ def prepared(tmp_path_factory):
     return python, base, start
 
 
+@dataclass
+class Stopped:
+    """A run SIGINTed after its first checkpoint, then run again to the end."""
+
+    start: Any  # the starting Pretrained
+    run_dir: Path
+    stopped: subprocess.CompletedProcess  # the SIGINTed command
+    left: list[int]  # engine processes alive right after it exited
+    saved: list[str]  # its checkpoints
+    resumed: subprocess.CompletedProcess  # the rerun
+
+
 @pytest.fixture(scope="module")
 def trained(prepared):
     python, base, start = prepared
-    run_dir = base / "run"
-    proc = dew_train(write_config(base, run_dir, python, STEPS), base)
-    out, err = proc.communicate(timeout=1500)
-    return start, run_dir, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    run_dir = base / "stopped"
+    config = write_config(base, run_dir, python, STEPS)
+    proc = dew_train(config, base)
+    assert wait_for_checkpoint(proc, run_dir, 1200), "the run ended before it could be stopped"
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    stopped = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    left = engine_processes(run_dir / "engine" / "policy")
+    saved = sorted(n for n in os.listdir(run_dir / "checkpoints") if n.startswith("step_"))
+    again = dew_train(config, base)
+    out, err = again.communicate(timeout=1500)
+    resumed = subprocess.CompletedProcess(again.args, again.returncode, out, err)
+    return Stopped(start, run_dir, stopped, left, saved, resumed)
+
+
+def test_sigint_stops_the_engine_keeps_a_checkpoint_and_the_run_resumes(trained):
+    stopped = trained.stopped
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert "dew: SIGINT: stopped after step" in stopped.stderr
+    assert trained.left == [], "SIGINT left the engine running"
+    assert trained.saved and trained.saved[-1] < f"step_{STEPS:08d}"
+    out, err = trained.resumed.stdout, trained.resumed.stderr
+    assert f"trained to step {STEPS}" in out, err[-3000:]
+    assert f"dew: the engine serves version {STEPS};" in out
+    launches = [line for line in (trained.run_dir / "engine.log").read_text().splitlines()
+                if line.startswith("=== dew: vllm engine launched")]  # fmt: skip
+    assert len(launches) == 2  # the resumed run started its own engine
 
 
 def test_the_command_launches_vllm_trains_ahead_and_stops_it(trained):
-    start, run_dir, done = trained
+    run_dir, done = trained.run_dir, trained.resumed
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"trained to step {STEPS}" in done.stdout
     assert f"dew: the engine serves version {STEPS};" in done.stdout
     records = [json.loads(line) for line in open(run_dir / "rollout.jsonl")]
-    assert [r["lag"] for r in records] == [0, 1, 1]
-    pushes = [r["pushed"] for r in records if r["pushed"] is not None and r["pushed"] > 0]
+    lags = {r["index"]: r["lag"] for r in records}  # the last record of each batch
+    assert lags == {0: 0, 1: 1, 2: 1}, records  # one ahead, across the stop too
+    pushes = {r["pushed"] for r in records if r["pushed"] is not None and r["pushed"] > 0}
     assert len(pushes) >= 2, records
     folder = run_dir / "engine" / "policy"
     assert (folder / "config.json").exists()
@@ -119,7 +161,7 @@ def test_the_command_launches_vllm_trains_ahead_and_stops_it(trained):
 
 
 def test_the_engine_served_the_trained_weights(trained):
-    start, run_dir, done = trained
+    start, run_dir, done = trained.start, trained.run_dir, trained.resumed
     assert done.returncode == 0, done.stderr[-4000:]
     check = json.loads((run_dir / "engine-check.json").read_text())
     assert check["version"] == STEPS
@@ -134,26 +176,3 @@ def test_the_engine_served_the_trained_weights(trained):
         assert np.abs(engine - old).max() > 10 * TOLERANCE  # training moved what is served
     assert check["max_abs_difference"] == pytest.approx(worst, abs=1e-6)
     print(f"engine vs Dew on the final checkpoint: max abs difference {worst:.3g}")
-
-
-def test_sigint_stops_the_engine_keeps_a_checkpoint_and_the_run_resumes(prepared):
-    python, base, _ = prepared
-    run_dir = base / "stopped"
-    config = write_config(base, run_dir, python, STEPS)
-    proc = dew_train(config, base)
-    ckpts = run_dir / "checkpoints"
-    assert wait_for_checkpoint(proc, run_dir, 1200), "the run ended before it could be stopped"
-    os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err[-3000:]
-    assert "Traceback" not in err and "dew: SIGINT: stopped after step" in err
-    assert engine_processes(run_dir / "engine" / "policy") == [], "SIGINT left the engine running"
-    saved = sorted(n for n in os.listdir(ckpts) if n.startswith("step_"))
-    assert saved and saved[-1] < f"step_{STEPS:08d}"
-    out, err = dew_train(config, base).communicate(timeout=1500)
-    assert f"trained to step {STEPS}" in out, err[-3000:]
-    assert f"dew: the engine serves version {STEPS};" in out
-    assert engine_processes(run_dir / "engine" / "policy") == []
-    launches = [line for line in (run_dir / "engine.log").read_text().splitlines()
-                if line.startswith("=== dew: vllm engine launched")]  # fmt: skip
-    assert len(launches) == 2  # the resumed run started its own engine
