@@ -1,8 +1,9 @@
 """Training a LoRA adapter on a frozen base with any token objective.
 
-`LoraObjective(objective, lora)` wraps an `LMObjective`, `DPOObjective` or
-`GRPOObjective` (any objective whose `model` is a `CausalTransformer` and that
-calls `model.apply`) so that the Trainer trains the adapter alone::
+`LoraObjective(objective, lora)` wraps an `LMObjective`, `DPOObjective`,
+`GRPOObjective`, `MaskedDiffusionObjective` or `BlockDiffusionObjective` (any
+objective whose `model` is a `CausalTransformer` and that calls `model.apply`)
+so that the Trainer trains the adapter alone::
 
     objective = LoraObjective(DPOObjective(model, seq_len=S, pretrained=base), lora)
     state = Trainer(objective, optax.adamw(1e-4), key=key).fit(data, steps=N)
@@ -15,7 +16,9 @@ What the wrapper changes:
   `params` only, so neither gradients nor optimizer state exist for the base.
 * the model: the wrapped objective runs on a copy of itself whose `model` is a
   `LoraDecoder` of the same config, so its forward passes (and those of a
-  `SampledRollout` that samples from it) go through the adapter.
+  `SampledRollout` that samples from it) go through the adapter, keyword
+  arguments included: the diffusion objectives' `causal=False`, `block_size=`
+  and `two_copy=True` reach the decoder as they would without the adapter.
 * the frozen reference (DPO, GRPO with `beta > 0`): the base with the adapter
   switched off, read from the `base` collection the state already holds.
   `TrainState.ema` keeps nothing (`reference_variables` returns `{}`), so the
@@ -83,8 +86,9 @@ class LoraObjective:
     """Train a LoRA adapter with `objective`'s loss while its base stays frozen.
 
     Args:
-      objective: an `LMObjective`, `DPOObjective` or `GRPOObjective` whose `model`
-        is a `CausalTransformer`; its `pretrained` (or fresh) variables are the base.
+      objective: an `LMObjective`, `DPOObjective`, `GRPOObjective` or diffusion
+        objective whose `model` is a `CausalTransformer`; its `pretrained` (or fresh)
+        variables are the base.
       lora: the adapter's `LoraConfig`.
       adapters: an adapter tree to start from (e.g. `load_peft_adapter`'s); default
         a fresh one (`init_adapters`, `b = 0`, so the first forward is the base's).

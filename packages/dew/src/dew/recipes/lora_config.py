@@ -10,7 +10,8 @@ names separated by commas (``q_proj,v_proj``, or one name) is read as that list.
 ``--lora-rank``, ``--lora-alpha`` and ``--lora-targets`` (comma-separated names) set the
 same keys. With the section, the stage's objective is wrapped in
 ``dew.objectives.lora.LoraObjective`` (the base frozen, the reference the adapter-off
-base); ``dew train ppo``'s in ``dew.objectives.lora_ppo.LoraPPOObjective``, where the
+base; ``dew train lm``'s diffusion objectives too, their non-causal and two-copy passes
+running through the adapter); ``dew train ppo``'s in ``dew.objectives.lora_ppo.LoraPPOObjective``, where the
 adapter sits on the policy and the critic (``ValueHead``) still trains every weight. At the
 end the adapter is written to ``RUN_DIR/adapter`` in PEFT's layout, and ``run.export``
 receives the merged weights (PPO: the policy's alone, without the critic).

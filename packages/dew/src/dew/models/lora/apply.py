@@ -54,7 +54,9 @@ def apply_adapters(
 ) -> Any:
     """`model.apply(variables, *args, **kwargs)` with `adapters` on the targets.
 
-    `kwargs` go to `model.apply` (`method=`, `return_hidden=`, ...). The
+    `kwargs` go to `model.apply` unchanged (`method=`, `causal=False`,
+    `block_size=`, `two_copy=True`, ...), so every attention mode of the
+    decoder runs with the adapter. The
     adapter tree is checked against `model.config` and `lora` first
     (`check_adapters`), so an adapter for another base shape fails with a
     message naming the factor.
