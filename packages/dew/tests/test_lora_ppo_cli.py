@@ -1,7 +1,8 @@
 """``dew train ppo`` with a LoRA adapter (the ``--lora-*`` flags): the pretrained base stays
 bit-identical while the policy's adapter and the critic train, ``RUN_DIR/adapter`` loads in
-PEFT's layout, ``--export`` holds the merged policy (its targeted kernels alone moved), and
-a run stopped after step 1 resumes to the same bits as one run straight through."""
+PEFT's layout, ``--export`` holds the merged policy (its targeted kernels alone moved), the
+held-out reward samples the adapter's policy, and a run stopped after step 1 resumes to the
+same bits as one run straight through."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def ran(files, tmp_path_factory):
         config = mapping(files, out / "stopped", 2)
         del config["lora"]  # the flags give it
         path.write_text(yaml.safe_dump(config))
-        code = main(["train", "ppo", "--config", str(path), "--set", "run.steps=1", *LORA])
+        code = main(["train", "ppo", "--config", str(path), "--set", "run.steps=1", *LORA,
+                     "--eval-every", "1", "--val-data", str(files / "prompts.jsonl")])  # fmt: skip
         assert code == 0
         resumed = run_train(train_config(mapping(files, out / "stopped", 2), "ppo"))
         whole_config = mapping(files, out / "whole", 2)
@@ -125,3 +127,6 @@ def test_a_run_stopped_after_step_one_resumes_bit_identically(ran):
     meta_dirs = sorted((out / "stopped" / "checkpoints").iterdir())
     first = json.load(open(meta_dirs[0] / "meta.json"))
     assert first["step"] == 1 and set(first["extra"]["frozen"]) == {"base", "sha256"}
+    (record,) = [json.loads(x) for x in open(out / "stopped" / "metrics.jsonl")][:1]
+    # the held-out reward of the stopped run: greedy completions of the adapter's policy
+    assert 0.0 <= record["val/reward"] <= 1.0 and record["val/prompts"] == 4
