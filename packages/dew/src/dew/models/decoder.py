@@ -22,7 +22,9 @@ form block k, and a token sees its own block and every earlier one. Adding
 noised copy of a row and then its clean copy (`segment_ids` and `positions` repeat
 each copy's, both copies using positions 0..L-1, so `max_seq_len` bounds L, not 2L);
 the attention follows `two_copy_visible` and only the noised copy's logits `[B, L, V]`
-come back. The parameters are the same in every mode. Prefill and decoding stay causal.
+come back. The parameters are the same in every mode. Decoding stays causal; prefill is
+causal unless given a `block_size`, and `extend` runs a chunk of tokens after a cache,
+the chunk seen bidirectionally (block diffusion with a cache, `dew.models.chunk`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from dew.models.chunk import layer_chunk, write_chunk
 from dew.models.config import DecoderConfig
 from dew.models.layers import DecoderLayer, RMSNorm, block_causal, two_copy_visible, visible
 from dew.models.linear import Linear
@@ -261,7 +264,12 @@ class CausalTransformer(nn.Module):
         return hidden
 
     def prefill(
-        self, input_ids: jax.Array, lengths: jax.Array, capacity: int
+        self,
+        input_ids: jax.Array,
+        lengths: jax.Array,
+        capacity: int,
+        *,
+        block_size: int | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Fill a fresh cache from a left-padded batch.
 
@@ -271,7 +279,11 @@ class CausalTransformer(nn.Module):
         so rows with different prompt lengths share one compiled shape.
         Returns float32 logits `[B, V]` at each row's last real token and the cache.
         A row with length 0 returns meaningless logits and an empty cache row.
+        block_size (static): read the prompt block-causally in blocks of that many
+        positions (`causal=False, block_size=...`) instead of causally, as a block
+        diffusion model reads it before `extend` adds blocks after it.
         """
+        _check_block(block_size is None, block_size)
         _check_ids("input_ids", input_ids, 2)
         b, p = input_ids.shape
         if capacity < p:
@@ -283,7 +295,9 @@ class CausalTransformer(nn.Module):
         source = jnp.minimum(idx + (p - lengths)[:, None], p - 1)
         packed_ids = jnp.take_along_axis(input_ids, source, axis=1)
         real = idx < lengths[:, None]
-        hidden, kvs = self._forward(packed_ids, real.astype(jnp.int32), jnp.where(real, idx, 0))
+        segments, positions = real.astype(jnp.int32), jnp.where(real, idx, 0)
+        causal = block_size is None
+        hidden, kvs = self._forward(packed_ids, segments, positions, causal, block_size)
         last = jnp.take_along_axis(hidden, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)
         logits = self.logits_from_hidden(last[:, 0])
         keep = real[:, :, None, None]
@@ -328,3 +342,27 @@ class CausalTransformer(nn.Module):
         logits = self.logits_from_hidden(self.norm(x)[:, 0])
         lengths = jnp.where(active, slot + 1, slot)
         return logits, KVCache(tuple(keys), tuple(values), lengths)
+
+    def extend(self, tokens: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Run a chunk of C tokens per row after the cache, seen bidirectionally.
+
+        tokens int `[B, C]` go at slots (and rotary positions) `lengths[b] + 0 .. C-1`;
+        each attends to the row's cached slots `< lengths[b]` and to all C tokens of the
+        chunk (`dew.models.chunk`), which is block-causal attention with the chunk as the
+        last block. Returns float32 logits `[B, C, V]` and the cache with the chunk's keys
+        and values written and `lengths + C`; a caller that only wants the logits (a
+        denoising step) drops the cache and nothing is written. Writes past the capacity
+        are dropped, so callers keep `lengths + C <= capacity`.
+        """
+        _check_ids("tokens", tokens, 2)
+        c = tokens.shape[1]
+        slots = cache.lengths[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+        cos, sin = self._tables(slots)
+        x = self.embed_tokens(tokens.astype(jnp.int32))
+        keys, values = [], []
+        for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
+            x, (k, v) = layer_chunk(layer, x, cos, sin, k_cache, v_cache, cache.lengths)
+            keys.append(write_chunk(k_cache, k, cache.lengths))
+            values.append(write_chunk(v_cache, v, cache.lengths))
+        logits = self.logits_from_hidden(self.norm(x))
+        return logits, KVCache(tuple(keys), tuple(values), cache.lengths + c)
