@@ -17,12 +17,18 @@ when `block_length` is None). Two strategies decide which positions unmask at ea
   `n` with the highest model probability, `n` spreading the block's length evenly over
   its steps (the first `length % steps` steps take one more).
 
-Both run the whole canvas through the model at every step (no cache of finished blocks:
-the decoder's cached decoding is causal only). With `block_causal=True` the model reads
-the canvas with `block_size=block_length` (block diffusion, BD3-LM): the current block
-sees the finished blocks before it and itself, never the masked blocks after it, so every
-prompt length must then be a multiple of `block_length` (the model's blocks start at
-position 0).
+Without `block_causal` both run the whole canvas through the model at every step: a
+bidirectional model lets every position see the masked blocks after it, so nothing can be
+cached. With `block_causal=True` the model reads the canvas with `block_size=block_length`
+(block diffusion, BD3-LM): the current block sees the finished blocks before it and
+itself, never the masked blocks after it, so every prompt length must then be a multiple
+of `block_length` (the model's blocks start at position 0, and the prompt is itself read
+as blocks of `block_length`, each seeing itself and the prompt blocks before it). Then,
+by default (`kv_cache=True`), the prompt and every finished block run through the model
+once into a key/value cache and each step runs the current block alone against it
+(`dew.inference.canvas.cached`): the same logits up to float32 rounding, so the same
+tokens for a key, at `L` instead of `P + G` queries per step. `kv_cache=False` keeps the
+whole-canvas pass.
 
 `Canvas` and `CanvasGeneration` carry `canvas_generator = True`: `refuse_canvas` turns
 such an object, given where an autoregressive policy is expected, into
@@ -88,6 +94,9 @@ class Canvas:
       schedule, `(1 - 1e-3) t`). eps: ancestral only: the last time of a block (MDLM's
       sampling default 1e-5). noise_removal: ancestral only: fill what a block's steps
       left masked with the most likely id.
+    kv_cache: with `block_causal`, cache the prompt's and finished blocks' keys and values
+      and run each step over the current block only (True, the default); False runs the
+      whole canvas every step. Without `block_causal` it changes nothing.
     """
 
     canvas_generator: ClassVar[bool] = True
@@ -101,6 +110,7 @@ class Canvas:
     schedule: Any = None
     eps: float = 1e-5
     noise_removal: bool = True
+    kv_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("mask_id", "real_tokens"):
@@ -113,6 +123,9 @@ class Canvas:
                 f"0..{self.real_tokens - 1}; expected an id >= {self.real_tokens}"
             )
         _positive("steps", self.steps)
+        for name in ("block_causal", "noise_removal", "kv_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected a bool, got {getattr(self, name)!r}")
         if self.remasking not in REMASKING:
             raise ValueError(f"remasking: expected one of {REMASKING}, got {self.remasking!r}")
         if self.block_length is not None:

@@ -3,8 +3,12 @@
 Prompts are left-padded to a common width `P` (padding has segment id 0 and attends to
 nothing; positions count from each row's first real id), `G` mask ids follow, and
 `dew.inference.canvas.loop.fill` unmasks them with the model read as
-`causal=False` (and `block_size=block_length` when `block_causal`). Batch sizes are
-bucketed to powers of two; `compile_count` says how many programs were built.
+`causal=False` (and `block_size=block_length` when `block_causal`). A block-causal canvas
+with `kv_cache` (the default) instead prefills the prompt block-causally into a cache of
+`P + G` slots (each row's real ids packed to slots `0 ..`, so a generated block starts at
+the same position as in the whole canvas) and runs `dew.inference.canvas.cached
+.fill_cached`, the decoder's `extend` over one block per step. Batch sizes are bucketed
+to powers of two; `compile_count` says how many programs were built.
 
 Which `Sampling` fields apply: `temperature` (0: greedy), `top_k`, `top_p`, `min_p` and
 `softcap` shape each draw (`dew.inference.canvas.updates.filtered`); `eos_id` does not stop
@@ -23,11 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from dew.inference.canvas.cached import fill_cached
 from dew.inference.canvas.config import Canvas
 from dew.inference.canvas.loop import fill
 from dew.inference.compiled import CompileStats, ProgramCache, bucket
 from dew.inference.generation import as_key, tree_signature, variables_of
-from dew.models.decoder import CausalTransformer
+from dew.models.decoder import CausalTransformer, empty_cache
 from dew.sampling import Sampling
 
 
@@ -153,6 +158,8 @@ class CanvasGeneration(CompileStats):
 
 def _program(model: CausalTransformer, canvas: Canvas, sampling: Sampling, gen_length: int):
     """The compiled function `(variables, prompts [B, P], lengths [B], key) -> (ids, order)`."""
+    if canvas.block_causal and canvas.kv_cache:
+        return _cached_program(model, canvas, sampling, gen_length)
     block = canvas.block_length if canvas.block_causal else None
 
     def run(variables, prompts, lengths, key):
@@ -173,5 +180,33 @@ def _program(model: CausalTransformer, canvas: Canvas, sampling: Sampling, gen_l
             return jax.random.uniform(jax.random.fold_in(key, index), (b, width, vocab))
 
         return fill(logits_fn, ids, p, canvas, sampling, draws)
+
+    return run
+
+
+def _cached_program(model: CausalTransformer, canvas: Canvas, sampling: Sampling, gen_length: int):
+    """`_program`'s function for a block-causal canvas with a cache of finished blocks."""
+    block = canvas.block_length
+
+    def run(variables, prompts, lengths, key):
+        b, p = prompts.shape
+        width = p + gen_length
+        masks = jnp.full((b, gen_length), canvas.mask_id, jnp.int32)
+        ids = jnp.concatenate([prompts, masks], axis=1)
+        vocab = model.config.vocab_size
+        if p:
+            _, cache = model.apply(
+                variables, prompts, lengths, width, block_size=block, method="prefill"
+            )
+        else:
+            cache = empty_cache(model.config, b, width)
+
+        def chunk_fn(x, cache):
+            return model.apply(variables, x, cache, method="extend")
+
+        def draws(index):
+            return jax.random.uniform(jax.random.fold_in(key, index), (b, width, vocab))
+
+        return fill_cached(chunk_fn, cache, ids, p, canvas, sampling, draws)
 
     return run

@@ -60,7 +60,7 @@ def fill(
         open_ = jnp.any((canvas == config.mask_id) & region[None, :])
         logits = jax.lax.cond(open_ & ~fresh, logits_fn, lambda _: logits, canvas)
         uniforms = draws(block * steps + jnp.minimum(j, steps - 1))
-        new = _update_at(config, sampling, length, steps, j, (canvas, logits, uniforms, region))
+        new = update_at(config, sampling, length, steps, j, (canvas, logits, uniforms, region))
         newly = (canvas == config.mask_id) & (new != config.mask_id)
         order = jnp.where(newly, i, order)
         # The logits stay valid while the canvas they were computed on does not change.
@@ -73,7 +73,7 @@ def fill(
     return canvas, order
 
 
-def _update_at(
+def update_at(
     config: Canvas, sampling: Sampling, length: int, steps: int, j: jax.Array, inputs: tuple
 ) -> jax.Array:
     """The canvas after step `j` (traced) of a block of `length` taking `steps` steps."""
