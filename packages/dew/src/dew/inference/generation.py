@@ -164,7 +164,9 @@ def _generate(model: CausalTransformer, sampling: Sampling, capacity: int) -> An
 class TextGeneration(CompileStats):
     """Sample responses from a decoder for exact context ids.
 
-    model: a `CausalTransformer`; variables: its variables (or bind them later).
+    model: a `CausalTransformer`; variables: its variables (or bind them later). A
+    `LoraDecoder` with `{"params": adapter, "base": base params}` samples through the
+    adapter applied on the fly (`dew.inference.adapter.with_adapter` builds the pair).
     min_bucket: the smallest padded context width and response budget.
 
     Call with one context (a 1-D sequence of ids) to get one `Generation`, or a

@@ -26,6 +26,11 @@ the others. If a compiled program raises, every request it was
 serving finishes with the error and its slot is freed; the cache is rebuilt.
 The server is thread-safe: `submit`, `cancel` and `reload` may be called from
 other threads while one thread drives `step`.
+
+A `dew.models.lora.LoraDecoder` with variables `{"params": adapter, "base": base params}`
+is served with the adapter applied on the fly (the weights kept in the training layout);
+`reload` then takes a new adapter beside the same base. `dew.inference.adapter.with_adapter`
+builds that pair, or the merged one, from a base and an adapter.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from dew.inference.requests import Completion, Request, RequestTooLarge
 from dew.inference.slot_programs import admit_program, decode_program
 from dew.models.config import dtype_name
 from dew.models.decoder import CausalTransformer, empty_cache
+from dew.models.lora import LoraDecoder
 from dew.sampling import Sampling
 
 _LOG = logging.getLogger(__name__)
@@ -112,7 +118,11 @@ class Server(CompileStats):
                 f"capacity: {capacity} exceeds the model's max_seq_len={model.config.max_seq_len}"
             )
         served = dtype_name(dtype) if dtype is not None else model.config.dtype
-        self.model = CausalTransformer(model.config.replace(dtype=served))
+        config = model.config.replace(dtype=served)
+        self._lora = model.lora if isinstance(model, LoraDecoder) else None
+        self.model = (
+            CausalTransformer(config) if self._lora is None else LoraDecoder(config, self._lora)
+        )
         self.dtype = jnp.dtype(self.model.config.compute_dtype)
         self.sampling = sampling if sampling is not None else Sampling(temperature=0.0)
         self.slots = slots
@@ -140,7 +150,7 @@ class Server(CompileStats):
             else 0
         )
         self.variables: Mapping[str, Any] = served_variables(
-            variables_of(variables), self.dtype, self.model.config
+            variables_of(variables), self.dtype, self.model.config, self._lora
         )
         self._signature = tree_signature(self.variables)
         self.version = version
@@ -221,7 +231,7 @@ class Server(CompileStats):
         """Serve new weights from the next round on; returns the new version
         (`version`, or the current one plus one). Floating leaves are cast to the
         served dtype; the tree must match the served one in structure and shapes."""
-        cast = served_variables(variables_of(variables), self.dtype, self.model.config)
+        cast = served_variables(variables_of(variables), self.dtype, self.model.config, self._lora)
         signature = tree_signature(cast)
         if signature != self._signature:
             raise ValueError(
