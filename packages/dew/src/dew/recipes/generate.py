@@ -16,6 +16,9 @@
   --export`` writes), read by ``dew.models.load_pretrained``; the tokenizer defaults to the
   directory itself when it holds ``tokenizer.json``.
 
+A LoRA adapter on top of any of these (``--adapter DIR``, merged with ``--merge-adapter``)
+is attached by ``dew.recipes.generate_adapter``.
+
 ``generate`` samples ``samples`` completions of every prompt of a ``dew.data.Prompts`` and
 returns one record per completion; ``evaluate`` does the same and scores each completion
 with a reward called as ``reward(data_source, completion, ground_truth, extra_info)``, as
@@ -219,12 +222,11 @@ def load_model(path: str, *, tokenizer: Any = None, dtype: str | None = None) ->
 
 def _with_room(model: Any, positions: int) -> Any:
     """``model`` covering at least ``positions`` positions (Dew's decoders are rotary: the
-    limit holds no weights, so raising it changes no parameter)."""
-    from dew.models.decoder import CausalTransformer
-
+    limit holds no weights, so raising it changes no parameter); a ``LoraDecoder`` keeps
+    its adapter config."""
     if model.config.max_seq_len >= positions:
         return model
-    return CausalTransformer(dataclasses.replace(model.config, max_seq_len=positions))
+    return model.clone(config=dataclasses.replace(model.config, max_seq_len=positions))
 
 
 def _check_options(samples: int, batch: int, max_new_tokens: int) -> None:

@@ -18,7 +18,8 @@ from typing import Any
 
 GENERATE_EXAMPLE = (
     "example:\n  dew generate runs/sft --prompts prompts.jsonl --samples 4 --temperature 0.8 "
-    "--out completions.jsonl"
+    "--out completions.jsonl\n"
+    "  dew generate base/ --adapter runs/lora/adapter --prompts prompts.jsonl --merge-adapter"
 )
 EVAL_EXAMPLE = (
     "example:\n  dew eval runs/grpo --prompts test.jsonl --reward math --out eval.json\n"
@@ -47,6 +48,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "tokenizer's eos_token)")  # fmt: skip
     add("--seed", type=int, default=0, help="sampling seed (default 0)")
     add("--batch", type=int, default=16, help="completions sampled at once (default 16)")
+    add("--adapter", default=None, metavar="DIR", help="a PEFT LoRA adapter directory "
+        "(adapter_config.json + adapter_model.safetensors, as dew train --lora-rank writes to "
+        "RUN_DIR/adapter) for MODEL, the base; applied on the fly unless --merge-adapter")  # fmt: skip
+    add("--merge-adapter", action="store_true", help="with --adapter: fold the adapter into "
+        "the base weights once (faster decoding, same completions up to rounding)")  # fmt: skip
     add("--debug", action="store_true", help="show the traceback of an error")
 
 
@@ -121,6 +127,17 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.max_prompt_len < 1:
         raise ValueError(f"--max-prompt-len: expected a positive int, got {args.max_prompt_len}")
     loaded = load_model(args.model, tokenizer=args.tokenizer)
+    if args.merge_adapter and args.adapter is None:
+        raise ValueError("--merge-adapter: expected --adapter DIR beside it, got no --adapter")
+    if args.adapter is not None:
+        from dew.recipes.generate_adapter import attach_adapter
+
+        if getattr(args, "canvas_steps", None) is not None and not args.merge_adapter:
+            raise ValueError(
+                "--adapter: with --canvas-steps, expected --merge-adapter (canvas generation "
+                "reads merged weights only), got an unmerged adapter"
+            )
+        loaded = attach_adapter(loaded, args.adapter, merge=args.merge_adapter)
     prompts = Prompts(prompts_path, tokenizer=loaded.tokenizer, max_prompt_len=args.max_prompt_len)
     return loaded, prompts
 
