@@ -12,6 +12,11 @@ dtype on the way in (a float32 trainer tree can feed a bfloat16 server).
 Each draw carries the raw-policy and the behavior log-probabilities the sampler recorded.
 Its version is the smallest version among its tokens: the prefill's key/value cache stays
 in use after a reload, so the weights that admitted the request shape every later token.
+
+A base with a LoRA adapter is served as the `Server` serves it: unmerged, from a
+`LoraDecoder` and `{"params": adapter, "base": base params}` (then `load` takes a new adapter
+beside the same base: `load({"params": adapter, "base": base}, version)`), or merged into
+plain weights; `dew.inference.adapter.with_adapter` builds either pair.
 """
 
 from __future__ import annotations
