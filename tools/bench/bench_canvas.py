@@ -3,20 +3,26 @@
 Run from the repository root with the workspace interpreter:
 
     .venv/bin/python tools/bench/bench_canvas.py [--rounds 5] [--cpus 0] [--threads 1]
-        [--batch 8] [--prompt 32] [--length 64] [--steps 16,64]
+        [--batch 8] [--prompt 32] [--length 64] [--steps 16,64] [--block 16]
 
 One decoder (Qwen3-shaped: 4 layers, width 256, 4 heads, 2 KV heads, head_dim 64, vocab
 4096, random weights) serves both sides: ``TextGeneration`` decodes ``--length`` new tokens
 after a ``--prompt``-long prompt for ``--batch`` rows (greedy; the causal decoder with its
 key/value cache), and ``CanvasGeneration`` fills a canvas of the same ``--length`` positions
 after the same prompts in each of ``--steps`` model calls (LLaDA's low-confidence remasking,
-greedy; every call reads the whole canvas, there is no cache of finished positions). Same
-prompts, same shapes, both compiled before the rounds.
+greedy; every call reads the whole canvas, there is no cache of finished positions). Two
+block-diffusion contenders fill the same canvas block-causally in blocks of ``--block``
+positions (``block_causal=True``) with the same steps: "block canvas" with
+``kv_cache=False`` (every step reads the whole canvas under the block-causal mask) and
+"cached block canvas" with the default ``kv_cache=True`` (the prompt and each finished
+block go once into a key/value cache, each step reads the current block only). The two
+give the same tokens. Same prompts, same shapes, all compiled before the rounds.
 
 Contenders run in the same interleaved rounds (tools/bench/_rounds.py), pinned to the same
 CPUs with the same thread count; a round's value is the best of ``--repeats`` calls.
 Printed: median and spread of each, generated tokens per second, and the ratio AR decode
-time / canvas time for each step count (above 1: the canvas is faster). A canvas with as
+time / canvas time for each step count (above 1: the canvas is faster), and the ratios
+uncached / cached block canvas and AR decode / cached block canvas. A canvas with as
 many steps as positions makes one model call per token, each over the whole row, so it
 cannot beat a cached decoder; fewer steps trade quality for speed. Record:
 tools/bench/results/canvas.json.
@@ -40,6 +46,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--steps", default="16,64", help="canvas step counts, comma-separated")
+    parser.add_argument("--block", type=int, default=16, help="block length of the block canvases")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
     bench = Bench("canvas", args.cpus, args.threads)
@@ -68,6 +75,18 @@ def main() -> None:
         )
         for s in args.steps.split(",")
     }
+    blocks = {
+        (int(s), cache): CanvasGeneration(
+            model, variables,
+            canvas=Canvas(
+                mask_id=mask, real_tokens=mask, steps=int(s), block_length=args.block,
+                block_causal=True, kv_cache=cache,
+            ),
+        )
+        for s in args.steps.split(",")
+        for cache in (False, True)
+    }  # fmt: skip
+    names = {False: "block canvas", True: "cached block canvas"}
 
     def timed(call):  # type: ignore[no-untyped-def]
         def run() -> list[float]:
@@ -85,6 +104,15 @@ def main() -> None:
         contenders[f"canvas {steps} steps"] = timed(
             lambda g=generate: g(prompts, args.length, 0, greedy)
         )
+    for (steps, cache), generate in blocks.items():
+        contenders[f"{names[cache]} {steps} steps"] = timed(
+            lambda g=generate: g(prompts, args.length, 0, greedy)
+        )
+    same = {}  # the cache must not change the tokens: rows equal between the two paths
+    for steps in canvases:
+        plain, cached = (blocks[steps, c](prompts, args.length, 0, greedy) for c in (False, True))
+        same[steps] = sum(np.array_equal(a.ids, b.ids) for a, b in zip(plain, cached))
+        print(f"block canvas {steps} steps: {same[steps]}/{len(plain)} rows equal with the cache")
     for fn in contenders.values():  # compile and warm up outside the rounds
         fn()
     times = bench.rounds(contenders, args.rounds)
@@ -98,7 +126,15 @@ def main() -> None:
             times["ar decode"],
             times[f"canvas {steps} steps"],
         )
-    bench.finish({"batch": args.batch, "prompt": args.prompt, "length": args.length})
+        for other in ("block canvas", "ar decode"):
+            bench.compare(
+                f"{other} / cached block canvas {steps} steps (time)",
+                times[f"{other} {steps} steps" if other != "ar decode" else other],
+                times[f"cached block canvas {steps} steps"],
+            )
+    settings = {"batch": args.batch, "prompt": args.prompt, "length": args.length}
+    rows = {str(k): f"{v}/{args.batch}" for k, v in same.items()}
+    bench.finish({**settings, "block": args.block, "rows_equal_cached_vs_uncached": rows})
 
 
 if __name__ == "__main__":
