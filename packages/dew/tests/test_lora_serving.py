@@ -200,3 +200,17 @@ def test_an_adapter_for_another_base_names_the_shape(dirs, capsys):
     code = _generate(dirs, dirs / "never.jsonl", "--adapter", str(dirs / "other"))
     err = capsys.readouterr().err
     assert code == 2 and "expected shape" in err and "another base shape" in err, err
+
+
+def test_a_lora_run_directory_as_model_points_at_the_base_and_its_adapter(tmp_path, capsys):
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": CONTEXTS[0]}) + "\n")
+    run = tmp_path / "lora-run"
+    (run / "checkpoints").mkdir(parents=True)
+    config = {"kind": "lm", "run": {}, "model": {"pretrained": "models/base"},
+              "lora": {"rank": 4, "alpha": 8.0}}  # fmt: skip
+    (run / "config.json").write_text(json.dumps(config))
+    code = main(["generate", str(run), "--prompts", str(tmp_path / "prompts.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "is a LoRA run" in err and f"--adapter {run / 'adapter'}" in err, err
+    assert "(models/base)" in err, err

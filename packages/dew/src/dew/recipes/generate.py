@@ -170,6 +170,12 @@ def _load_run(run_dir: str) -> tuple[Any, Any, str | None, str]:
         loaded = models.load_pretrained(merged, dtype="float32")
         tokenizer = (saved.get("data") or {}).get("tokenizer")
         return loaded.model, dict(loaded.variables), tokenizer, f"run {run_dir} (merged)"
+    if isinstance(saved.get("lora"), dict):  # its checkpoints hold the adapter alone
+        base = (saved.get("model") or {}).get("pretrained") or "its base model directory"
+        raise ConfigError(
+            f"MODEL: {run_dir} is a LoRA run (its checkpoints hold the adapter only): expected "
+            f"the base as MODEL ({base}) with --adapter {os.path.join(run_dir, 'adapter')}"
+        )
     restored = checkpoint.latest(run_dir)
     if restored is None:
         raise ConfigError(
