@@ -5,7 +5,7 @@ Run from the repository root with the workspace interpreter, after building the 
 virtualenv with tools/vllm_engine.sh:
 
     DEW_VLLM_ENV=tools/.envs/vllm .venv/bin/python tools/bench/bench_rollout.py --cpus 0 --threads 1
-        [--rounds 3] [--skip-push]
+        [--rounds 3] [--skip-push] [--only throughput|publication|adapter-push]
 
 Part 1, throughput. The tiny untied Qwen3 of dew-rollout's tests (2 layers, width 128,
 head_dim 64, vocab 384) is written once with `SafetensorsReload.write` (bfloat16); vLLM
@@ -21,6 +21,17 @@ Part 2, publication. A ~100M-parameter Qwen3 tree is pushed with `SafetensorsRel
 (bfloat16 write, staging, os.replace, then vLLM's pause / reload_weights / reset /
 version / resume on a real engine serving that checkpoint) and, in the same rounds, the
 same tensors are written with `safetensors.numpy.save_file` alone.
+
+Part 3, adapter push. One engine serves the same ~100M checkpoint with run-time LoRA on
+(`lora_rank=16`: `--enable-lora --max-lora-rank 16 --max-loras 2`). In the same rounds it
+takes a full push (`SafetensorsReload`, as in Part 2) and an `AdapterReload` push of a
+rank-16 adapter on q, k, v, o, gate, up and down whose `b` factors are drawn afresh before
+each push (outside the timed call), so every push loads a new adapter under a new name.
+One push of each runs before the rounds. Printed: both push times, the bytes each push
+writes (the bfloat16 checkpoint, the float32 adapter), and full / adapter push time (goal
+above 1). `--only adapter-push` runs this part alone and writes its record to
+tools/bench/results/adapter_push.json, so rollout.json keeps the other parts' numbers
+(`--only` of another part writes rollout_<part>.json).
 
 The rounds come from tools/bench/_rounds.py (order rotating); the engine is started under
 `taskset` on the CPUs the bench is pinned to, so both sides run on the same CPUs. Use one CPU
@@ -62,7 +73,9 @@ from safetensors.numpy import save_file  # noqa: E402
 from dew import models  # noqa: E402
 from dew.inference import Server  # noqa: E402
 from dew.models import Pretrained, load_pretrained  # noqa: E402
+from dew.models.lora import PROJECTIONS, LoraConfig, init_adapters  # noqa: E402
 from dew.rollout import (  # noqa: E402
+    AdapterReload,
     NativeRolloutServer,
     OpenAICompletion,
     OpenAIRolloutServer,
@@ -74,6 +87,9 @@ LEVELS = (1, 8, 32)
 NEW_TOKENS = 64
 PROMPT_LEN = 16
 GOAL = 0.5  # native / vLLM draws per second
+ADAPTER_GOAL = 1.0  # full push time / adapter push time
+LORA = LoraConfig(rank=16, alpha=32, targets=PROJECTIONS)
+PARTS = ("throughput", "publication", "adapter-push")
 # max_seq_len matches the engine's --max-model-len 4096 (vLLM refuses a longer one).
 BIG = dict(TINY, vocab_size=32000, emb_features=640, num_layers=10, num_heads=10,
            num_kv_heads=5, mlp_features=2560, max_seq_len=4096)  # fmt: skip
@@ -198,20 +214,100 @@ def tiny_variant(variables):
     return jax.tree.map(lambda x: np.asarray(x) * np.float32(0.5), variables)
 
 
+def fresh_adapters(base: dict, rng: np.random.Generator, scale: float = 0.02) -> dict:
+    """`base` (an adapter tree) with every `b` factor redrawn as N(0, scale^2), so that
+    each push carries a new, non-zero adapter; the `a` factors are kept."""
+    return {
+        key: (rng.normal(0.0, scale, value.shape).astype(np.float32) if key == "b" else value)
+        if not isinstance(value, dict)
+        else fresh_adapters(value, rng, scale)
+        for key, value in base.items()
+    }
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of every file under `path` (a checkpoint or adapter directory)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def adapter_push(bench: Bench, rounds: int, python: Path, work: Path) -> dict:
+    policy = big_policy()
+    directory = work / "big-lora"
+    full = SafetensorsReload(policy, directory, ["http://127.0.0.1:1"], timeout=600)
+    full.write()
+    engine = VLLMEngine(python, directory, work / "vllm-lora", cpus=bench_cpus(),
+                        lora_rank=LORA.rank)  # fmt: skip
+    full = SafetensorsReload(policy, directory, [engine.url], timeout=600)
+    adapter = AdapterReload(policy.model.config, LORA, work / "adapters", [engine.url],
+                            SERVED_NAME, timeout=600)  # fmt: skip
+    base = jax.tree.map(np.asarray, init_adapters(jax.random.key(1), policy.model.config, LORA))
+    rng = np.random.default_rng(0)
+    variants = [policy.variables, tiny_variant(policy.variables)]
+    version = iter(range(1, 10**6))
+
+    def full_push() -> float:
+        number = next(version)
+        start = time.perf_counter()
+        full(variants[number % 2], number)
+        return time.perf_counter() - start
+
+    def lora_push() -> float:
+        tree = fresh_adapters(base, rng)
+        start = time.perf_counter()
+        adapter(tree, next(version))
+        return time.perf_counter() - start
+
+    try:
+        warm = full_push(), lora_push()  # first pushes, out of the timed rounds
+        times = bench.rounds({"full": full_push, "adapter": lora_push}, rounds, group="adapter")
+        sizes = {
+            "full": tree_bytes(directory),
+            "adapter": tree_bytes(work / "adapters" / adapter.served_name),
+        }
+    finally:
+        adapter.close()
+        startup = engine.startup_seconds
+        engine.close()
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(policy.variables))
+    lora_count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(base))
+    bench.say(f"adapter push: {count / 1e6:.1f}M-parameter base on one vLLM engine with LoRA on "
+              f"(rank {LORA.rank}, {', '.join(LORA.targets)}; {lora_count / 1e6:.2f}M adapter "
+              f"parameters); engine startup {startup:.1f} s; warm-up pushes full "
+              f"{warm[0]:.2f} s, adapter {warm[1]:.2f} s")  # fmt: skip
+    bench.say(f"  bytes written per push: full {sizes['full'] / 2**20:.1f} MiB (bfloat16), "
+              f"adapter {sizes['adapter'] / 2**20:.2f} MiB (float32), "
+              f"{sizes['full'] / sizes['adapter']:.1f}x")  # fmt: skip
+    bench.show("full push (SafetensorsReload)", times["full"], 1.0, " s", 2)
+    bench.show("adapter push (AdapterReload)", times["adapter"], 1.0, " s", 3)
+    bench.compare("full / adapter push time", times["full"], times["adapter"], ADAPTER_GOAL)
+    return {"push_bytes": sizes}
+
+
+def record_name(only: str | None) -> str:
+    """The record's name: rollout.json for a full run, another per part run alone."""
+    if only is None:
+        return "rollout"
+    return "adapter_push" if only == "adapter-push" else f"rollout_{only}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     add_arguments(parser, rounds=3)
-    parser.add_argument("--skip-push", action="store_true")
+    parser.add_argument("--skip-push", action="store_true", help="skip parts 2 and 3")
+    parser.add_argument("--only", choices=PARTS, help="run this part alone")
     args = parser.parse_args()
-    bench = Bench("rollout", args.cpus, args.threads)
+    bench = Bench(record_name(args.only), args.cpus, args.threads)
     python, reason = vllm_python()
     if python is None:
         sys.exit(f"bench_rollout: {reason}")
+    parts = [args.only] if args.only else list(PARTS[:1] if args.skip_push else PARTS)
+    steps = {"throughput": throughput, "publication": publication, "adapter-push": adapter_push}
+    extra = {}
     with tempfile.TemporaryDirectory() as work:
-        throughput(bench, args.rounds, python, Path(work))
-        if not args.skip_push:
-            publication(bench, args.rounds, python, Path(work))
-    bench.finish({"new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN, "goal": GOAL})
+        for part in parts:
+            extra.update(steps[part](bench, args.rounds, python, Path(work)) or {})
+    bench.finish({"new_tokens": NEW_TOKENS, "prompt_len": PROMPT_LEN, "goal": GOAL,
+                  "adapter_goal": ADAPTER_GOAL, "lora_rank": LORA.rank, "parts": parts, **extra})  # fmt: skip
 
 
 if __name__ == "__main__":
