@@ -77,6 +77,14 @@ def test_a_block_diffusion_run_learns_a_repeated_pattern(tokens, tmp_path):
         (["--block-size", "4", "--objective", "next_token"],
          "dew: error: objective.block_size: only objective.name block_diffusion takes it, "
          "got objective.name next_token"),
+        (["--block-size", "4", "--mask-rate-min", "0.9", "--mask-rate-max", "0.5"],
+         "dew: error: objective.mask_rate_min: expected at most objective.mask_rate_max 0.5, "
+         "got 0.9"),
+        (["--block-size", "4", "--mask-rate-min", "0"],
+         "dew: error: objective.mask_rate_min: expected a number in (0, 1], got 0.0"),
+        (["--objective", "masked_diffusion", "--mask-rate-max", "0.8"],
+         "dew: error: objective.mask_rate_max: only objective.name block_diffusion takes it, "
+         "got objective.name masked_diffusion"),
     ],
 )  # fmt: skip
 def test_bad_options_are_one_line(tokens, tmp_path, capsys, extra, message):
@@ -99,3 +107,18 @@ def test_the_config_section_takes_block_size(tokens):
     with pytest.raises(ConfigError) as err:
         train_config(mapping, "sft")
     assert str(err.value) == "objective.name: only 'dew train lm' takes it"
+
+
+def test_the_clip_keys_reach_the_objective():
+    from dew.models import build
+    from dew.recipes.diffusion_config import build_masked_diffusion
+
+    model = build("qwen3", vocab_size=10, emb_features=8, num_layers=1, num_heads=1,
+                  head_dim=8, mlp_features=8)  # fmt: skip
+    options = {"name": "block_diffusion", "block_size": 4, "mask_id": 9, "real_tokens": 9}
+    clipped = build_masked_diffusion(model, 17, {**options, "mask_rate_min": 0.3,
+                                                 "mask_rate_max": 0.8},
+                                     pretrained=None, where="objective")  # fmt: skip
+    assert (clipped.mask_rate_min, clipped.mask_rate_max) == (0.3, 0.8)
+    plain = build_masked_diffusion(model, 17, options, pretrained=None, where="objective")
+    assert (plain.mask_rate_min, plain.mask_rate_max) == (1e-3, 1.0)

@@ -119,6 +119,10 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
      "(BD3-LM: blocks restored left to right)", ("lm",)),
     (("--block-size",), "objective.block_size", int, "block_diffusion's tokens per block, "
      "dividing --seq-len (1: autoregressive)", ("lm",)),
+    (("--mask-rate-min",), "objective.mask_rate_min", float, "block_diffusion: the lowest "
+     "mask rate a block draws, in (0, 1] (default 1e-3)", ("lm",)),
+    (("--mask-rate-max",), "objective.mask_rate_max", float, "block_diffusion: the highest "
+     "mask rate a block draws, in (0, 1] (default 1)", ("lm",)),
     (("--noise-schedule",), "objective.noise_schedule", str,
      "masked_diffusion's noise schedule: loglinear or cosine", ("lm",)),
     (("--mask-id",), "objective.mask_id", int, "the diffusion mask id, outside the data's "

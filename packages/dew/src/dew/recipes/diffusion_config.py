@@ -9,6 +9,9 @@ loss on the decoder's two-copy pass). The other keys belong to the diffusion nam
   ``block_diffusion`` runs BD3-LM's log-linear schedule and takes ``loglinear`` only.
 - ``block_size`` (``block_diffusion``, required): tokens per block, dividing the row length
   ``data.seq_len``.
+- ``mask_rate_min`` / ``mask_rate_max`` (``block_diffusion``): the clip of BD3-LM's noise
+  schedule, each block's mask rate drawn in ``[min, max]`` within ``(0, 1]`` (defaults
+  ``1e-3`` and ``1``; bd3lms trains with ``[0.3, 0.8]`` for its clipped runs).
 - ``real_tokens``: ids ``0 .. real_tokens - 1`` are the data's; default: the largest id of
   ``data.tokens`` (and ``data.val_tokens``) plus one.
 - ``mask_id``: the absorbing id, ``>= real_tokens`` and below the model's vocabulary;
@@ -30,7 +33,10 @@ OBJECTIVE_NAMES = ("next_token", "masked_diffusion", "block_diffusion")
 DIFFUSION_NAMES = ("masked_diffusion", "block_diffusion")
 NOISE_SCHEDULES = ("loglinear", "cosine")
 #: The ``objective`` keys of ``dew train lm`` besides ``ema_decay``.
-DIFFUSION_KEYS = ("name", "noise_schedule", "mask_id", "real_tokens", "block_size")
+DIFFUSION_KEYS = ("name", "noise_schedule", "mask_id", "real_tokens", "block_size",
+                  "mask_rate_min", "mask_rate_max")  # fmt: skip
+#: The clip of block_diffusion's mask rate when unset (``BlockDiffusionObjective``'s).
+MASK_RATES = {"mask_rate_min": 1e-3, "mask_rate_max": 1.0}
 
 
 def check_diffusion(options: Any, label: str = "objective") -> None:
@@ -46,6 +52,7 @@ def check_diffusion(options: Any, label: str = "objective") -> None:
         raise ConfigError(f"{label}.noise_schedule: expected one of "
                           f"{', '.join(NOISE_SCHEDULES)}, got {options.noise_schedule!r}")  # fmt: skip
     _check_block_key(name, options.block_size, label)
+    _check_mask_rates(name, options, label)
     if name == "block_diffusion" and options.noise_schedule != "loglinear":
         raise ConfigError(f"{label}.noise_schedule: block_diffusion runs BD3-LM's loglinear "
                           f"schedule only, got {options.noise_schedule!r}")  # fmt: skip
@@ -75,6 +82,20 @@ def _check_block_key(name: str, size: Any, label: str) -> None:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"{label}.block_size: expected a positive integer (tokens per "
                           f"block) for block_diffusion, got {size!r}")  # fmt: skip
+
+
+def _check_mask_rates(name: str, options: Any, label: str) -> None:
+    """The clip keys: numbers in (0, 1], min <= max, and set with block_diffusion only."""
+    rates = {key: getattr(options, key, default) for key, default in MASK_RATES.items()}
+    for key, value in rates.items():
+        if name != "block_diffusion" and value != MASK_RATES[key]:
+            raise ConfigError(f"{label}.{key}: only {label}.name block_diffusion takes it, "
+                              f"got {label}.name {name}")  # fmt: skip
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+            raise ConfigError(f"{label}.{key}: expected a number in (0, 1], got {value!r}")
+    if rates["mask_rate_min"] > rates["mask_rate_max"]:
+        raise ConfigError(f"{label}.mask_rate_min: expected at most {label}.mask_rate_max "
+                          f"{rates['mask_rate_max']}, got {rates['mask_rate_min']}")  # fmt: skip
 
 
 def _check_ids(mask: int | None, real: int | None, vocab: int | None, label: str) -> None:
@@ -134,11 +155,13 @@ def build_masked_diffusion(
                   ema_decay=options.get("ema_decay"))  # fmt: skip
     try:
         if block:
-            return BlockDiffusionObjective(model, width - 1, options["block_size"], **common)
+            rates = {key: options.get(key, default) for key, default in MASK_RATES.items()}
+            return BlockDiffusionObjective(model, width - 1, options["block_size"], **rates,
+                                           **common)  # fmt: skip
         return MaskedDiffusionObjective(model, width - 1, schedule=schedule, **common)
     except ValueError as err:
         raise ConfigError(f"{where}.{err}") from None
 
 
-__all__ = ["DIFFUSION_KEYS", "DIFFUSION_NAMES", "NOISE_SCHEDULES", "OBJECTIVE_NAMES", "build_masked_diffusion",
+__all__ = ["DIFFUSION_KEYS", "DIFFUSION_NAMES", "MASK_RATES", "NOISE_SCHEDULES", "OBJECTIVE_NAMES", "build_masked_diffusion",
            "check_diffusion", "fill_diffusion_ids"]  # fmt: skip

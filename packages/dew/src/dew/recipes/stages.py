@@ -7,8 +7,8 @@ options from a ``Stage``). Each passes a mapping of the kind's option keys:
 =========  =========================================================================
 lm, sft    ``all_tokens`` (sft: count every token, not only the assistant's), ``ema_decay``;
            lm also ``name`` (``next_token``, ``masked_diffusion`` or ``block_diffusion``),
-           ``noise_schedule``, ``mask_id``, ``real_tokens``, ``block_size``
-           (``dew.recipes.diffusion_config``)
+           ``noise_schedule``, ``mask_id``, ``real_tokens``, ``block_size``,
+           ``mask_rate_min``, ``mask_rate_max`` (``dew.recipes.diffusion_config``)
 dpo        ``beta`` (default 0.1), ``nll_weight`` (default 0)
 grpo       ``beta`` (default 0), ``groups``, ``max_new_tokens``, ``temperature``, ``top_k``,
            ``eos_id``, ``estimator`` (the advantage estimator: ``group``, ``mean`` or

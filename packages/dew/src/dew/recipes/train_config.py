@@ -173,7 +173,8 @@ class GRPOData:
 class LMObjectiveConfig:
     """``ema_decay``: keep a moving average of the weights; ``all_tokens`` (SFT): count every
     token in the loss, not only the assistant's; ``name`` (LM), ``noise_schedule``,
-    ``mask_id``, ``real_tokens``, ``block_size``: the loss and its diffusion keys
+    ``mask_id``, ``real_tokens``, ``block_size``, ``mask_rate_min``, ``mask_rate_max``: the
+    loss and its diffusion keys
     (``dew.recipes.diffusion_config``)."""
 
     ema_decay: float | None = None
@@ -183,6 +184,8 @@ class LMObjectiveConfig:
     mask_id: int | None = None
     real_tokens: int | None = None
     block_size: int | None = None
+    mask_rate_min: float = 1e-3
+    mask_rate_max: float = 1.0
 
     def __post_init__(self) -> None:
         check_diffusion(self)
