@@ -182,8 +182,8 @@ def test_an_adapter_on_tool_episodes_is_refused(ran):
 
 
 def test_an_adapter_stage_on_sglang_is_refused_naming_the_engine_kind(ran, capsys):
-    """An adapter stage drawing asynchronously needs vLLM (run-time adapters); SGLang is
-    refused in one line before anything runs."""
+    """An adapter stage drawing asynchronously needs run-time adapters (vLLM or the native
+    server); SGLang is refused in one line before anything runs."""
     base = ran[0]
     engine = {"kind": "sglang", "url": "http://127.0.0.1:1", "directory": str(base)}
     grpo = {**STAGES[1], "behavior_importance": 2.0,
@@ -191,5 +191,7 @@ def test_an_adapter_stage_on_sglang_is_refused_naming_the_engine_kind(ran, capsy
     assert main(["chain", str(_config(base, "bad", [STAGES[0], grpo]))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     expected = "stages.1: Stage.rollout.engine.kind (grpo): a lora section needs an engine"
-    assert len(err) == 1 and expected in err[0] and "expected vllm, got sglang" in err[0], err
+    assert (
+        len(err) == 1 and expected in err[0] and "expected vllm or native, got sglang" in err[0]
+    ), err
     assert not (base / "bad").exists()

@@ -96,10 +96,14 @@ def test_bad_lora_values_are_one_line_naming_the_key(tokens, tmp_path, capsys, e
 
 
 def test_ppo_with_lora_refuses_an_engine_that_cannot_load_adapters(tokens, tmp_path, capsys):
+    """SGLang cannot swap adapters at run time: refused in one line naming the key (vLLM and
+    the native server can)."""
     argv = ["train", "ppo", "--data", str(tokens / "prompts.jsonl"), "--run-dir",
             str(tmp_path / "ppo"), "--steps", "1", "--lora-rank", "2", "--set",
-            "rollout.mode=async", "--set", "objective.behavior_importance=2.0"]  # fmt: skip
+            "rollout.mode=async", "--set", "objective.behavior_importance=2.0", "--set",
+            "rollout.engine.kind=sglang", "--set", "rollout.engine.url=http://127.0.0.1:1",
+            "--set", f"rollout.engine.directory={tmp_path}"]  # fmt: skip
     line = error_line(capsys, argv)
     assert line == ("dew: error: rollout.engine.kind: a lora section needs an engine that loads "
-                    "adapters at run time; expected vllm, got native"), line  # fmt: skip
+                    "adapters at run time; expected vllm or native, got sglang"), line  # fmt: skip
     assert not (tmp_path / "ppo").exists()

@@ -20,9 +20,13 @@ calls it with what the config resolved to. It builds, closing each through ``sta
   batch appended to ``RUN_DIR/rollout.jsonl`` (``SchedulerRecord.as_dict``: ``index``,
   ``updates``, ``version``, ``lag``, ``waited``, ``pushed``, ...).
 
-When ``objective`` trains a LoRA adapter (``trained_adapter``), the engine must be vLLM: it
-serves the base and takes each push as an adapter (``engine_server(lora=)``), and the
-journal keeps the pushed variables as the scheduler hands them.
+When ``objective`` trains a LoRA adapter (``trained_adapter``), ``model`` is its
+``LoraDecoder`` and ``params`` are ``{"params": adapter, "base": base}``. The engine is vLLM,
+which serves the base and takes each push as an adapter (``engine_server(lora=)``), or the
+native server, which serves the ``LoraDecoder`` unmerged (``NativeAdapterServer``): the base
+stays the arrays it started with and each push swaps the adapter alone. Either way the
+push's ``select`` picks the adapter, so the scheduler copies, pushes and journals only that.
+SGLang is refused (``dew.rollout.engines``).
 
 ``rollout.adapt_ahead`` makes that scheduler's ``ahead`` an ``AdaptiveAhead`` starting at
 ``rollout.ahead`` (``schedule_ahead``); the source is sized for the most it may choose.
@@ -37,8 +41,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dew.recipes.schema import ConfigError
 from dew.rollout.native import NativeRolloutServer
+from dew.rollout.native_adapter import NativeAdapterServer
 from dew.rollout.scheduler.record import SchedulerRecord
 from dew.rollout.scheduler.scheduler import RolloutScheduler
 from dew.rollout.scheduler.staleness import AdaptiveAhead
@@ -55,17 +59,21 @@ JOURNAL, RECORDS = "rollout-journal", "rollout.jsonl"
 def _server(model: Any, params: Any, rollout: Any, sampling: Any, rows: int, seed: int,
             run_dir: str, stack: contextlib.ExitStack, lora: Any = None) -> Any:  # fmt: skip
     """The rollout server the ``engine`` section names, serving ``params`` as version 0
-    (with ``lora``, a ``LoraConfig``: a vLLM engine serving the adapter of ``params``)."""
+    (with ``lora``, a ``LoraConfig``: ``model`` a ``LoraDecoder`` and ``params`` its
+    ``{"params": adapter, "base": base}``, served by a vLLM engine or, natively, by a
+    ``NativeAdapterServer`` whose pushes carry the adapter alone)."""
     engine = rollout.engine
-    if engine.kind == "native" and lora is not None:
-        raise ConfigError("rollout.engine.kind: a LoRA adapter needs an engine that loads "
-                          "adapters at run time; expected 'vllm', got 'native'")  # fmt: skip
     if engine.kind == "native":
         from dew.inference import Server
+        from dew.models.lora import LoraDecoder
 
+        if lora is not None and not isinstance(model, LoraDecoder):
+            raise ValueError(f"model: expected the LoraDecoder of the adapter objective, "
+                             f"got {type(model).__name__}")  # fmt: skip
         core = Server(model, params, slots=rows, capacity=model.config.max_seq_len,
                       sampling=sampling, seed=seed)  # fmt: skip
-        server: Any = NativeRolloutServer(core)
+        native = NativeAdapterServer if isinstance(model, LoraDecoder) else NativeRolloutServer
+        server: Any = native(core)
         stack.callback(server.close)
         return server
     from dew.rollout.engines import engine_server

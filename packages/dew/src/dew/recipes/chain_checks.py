@@ -74,7 +74,8 @@ def check_stage(stage: Any) -> str:
 
 def _check_lora(stage: Any) -> None:
     """Refuse a ``lora`` that is not a ``LoraConfig``, and one on tool episodes or with an
-    asynchronous rollout on an engine other than vLLM (``lora_rollout_problem``)."""
+    asynchronous rollout on an engine that cannot swap adapters, SGLang
+    (``lora_rollout_problem``)."""
     from dew.models.lora import LoraConfig
     from dew.recipes.lora_config import lora_rollout_problem
 

@@ -14,8 +14,9 @@ section), and a target the decoder lacks ``stages.N.lora.targets`` once the mode
 Every text kind trains an adapter: ``lm``, ``sft``, ``dpo`` and ``grpo`` through
 ``LoraObjective``, ``ppo`` through ``LoraPPOObjective`` (the critic trains in full); the
 reference of DPO, GRPO and PPO is the stage's base with the adapter off. A stage on tool
-episodes (``source``) refuses an adapter, and so does one with ``rollout.mode async`` on an
-engine other than vLLM, as ``dew train`` does; a flow stage ignores the top-level section.
+episodes (``source``) refuses an adapter, and so does one with ``rollout.mode async`` on
+SGLang (vLLM and the native server swap adapters at run time), as ``dew train`` does; a flow
+stage ignores the top-level section.
 
 Hand-off: an adapter stage passes on merged weights, not base + adapter. When it ends (or,
 finished, restores) it writes ``OUTPUT/<stage>/adapter`` (PEFT's layout, its base recorded as

@@ -20,7 +20,9 @@ With ``rollout.mode: async`` the adapter is served by a vLLM engine (``rollout.e
 vllm``): launched with run-time adapters on, or joined at a url it was started with
 ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``; each push loads the
 adapter alone (``dew.rollout.AdapterReload``), the base staying as the engine loaded it.
-SGLang, the native server and tool episodes are refused (``lora_rollout_problem``).
+Or by Dew's own server (``kind: native``), which runs the ``LoraDecoder`` unmerged: each push
+swaps the adapter beside the base it started with. SGLang and tool episodes are refused
+(``lora_rollout_problem``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from dew.recipes.schema import ConfigError, section
 _NAMES = re.compile(r"\s*[\w.]+\s*(,\s*[\w.]+\s*)*")
 #: The kinds whose objective trains an adapter (every ``dew train`` kind).
 LORA_KINDS = ("lm", "sft", "dpo", "grpo", "ppo")
+#: The rollout engines that swap adapters at run time (SGLang does not, here).
+ADAPTER_ENGINES = ("vllm", "native")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +99,10 @@ def lora_rollout_problem(rollout: Any, source: Any) -> tuple[str, str] | None:
     if rollout is None or not getattr(rollout, "is_async", False):
         return None
     kind = rollout.engine.kind
-    if kind != "vllm":
+    if kind not in ADAPTER_ENGINES:
         return "rollout.engine.kind", (
             f"a lora section needs an engine that loads adapters at run time; expected "
-            f"vllm, got {kind}")  # fmt: skip
+            f"{' or '.join(ADAPTER_ENGINES)}, got {kind}")  # fmt: skip
     return None
 
 
@@ -142,5 +146,5 @@ def export_adapter(objective: Any, state: Any, run_dir: str, export: str | None)
     return jax.device_get(objective.merged(state.params))
 
 
-__all__ = ["LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_objective",
+__all__ = ["ADAPTER_ENGINES", "LORA_KINDS", "LoraSection", "adapter_wrapper", "export_adapter", "lora_objective",
            "lora_rollout_problem", "lora_section"]  # fmt: skip

@@ -307,19 +307,20 @@ class RolloutScheduler:
         return updates
 
     def _sent(self, variables: Any) -> Any:
-        """What a push sends of ``variables``, and so what the journal keeps: the
-        publisher's ``select`` (an adapter push: the adapter alone), else all of them."""
-        select = getattr(getattr(getattr(self.weights, "weights", None), "push", None),
-                         "select", None)  # fmt: skip
+        """What a push copies and sends of ``variables``, and so what the journal keeps: the
+        ``select`` of the publisher's push or of the server itself (an adapter push, e.g.
+        ``NativeAdapterServer``: the adapter alone), else all of them."""
+        push = getattr(getattr(self.weights, "weights", None), "push", None)
+        select = getattr(push, "select", None) or getattr(self.weights, "select", None)
         return select(variables) if callable(select) else variables
 
     def _push(self, variables: Any, version: int) -> None:
-        copy = jax.tree.map(lambda x: jnp.array(x, copy=True), variables)
+        copy = jax.tree.map(lambda x: jnp.array(x, copy=True), self._sent(variables))
         for _ in range(2):
             self.weights.load(copy, version)
             if int(self.weights.version) == version:
                 if self.journal is not None:
-                    self.journal.pushed(self._sent(copy), version)
+                    self.journal.pushed(copy, version)
                 return
         raise RuntimeError(
             f"weights: pushing version {version} left the served version at "
