@@ -42,6 +42,7 @@ from dew.models.layers import DecoderLayer, RMSNorm, block_causal, two_copy_visi
 from dew.models.linear import Linear
 from dew.models.remat import remat_layer
 from dew.models.rope import inverse_frequencies, rotary_tables
+from dew.models.two_copy import TwoCopy
 
 
 @flax.struct.dataclass
@@ -180,8 +181,8 @@ class CausalTransformer(nn.Module):
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
         kvs = []
-        # The two-copy rule lets a query see keys anywhere in the row: no key is skipped.
-        span_block = None if two_copy else block_size
+        # The two-copy pass reads, per query chunk, only the key spans of `two_copy`.
+        span_block = TwoCopy(block_size) if two_copy and block_size is not None else block_size
         for layer in self.layers:
             x, kv = layer(x, cos, sin, mask, causal, span_block)
             kvs.append(kv)

@@ -26,7 +26,8 @@ window then bounding the distance on both sides. With a block size as well it is
 block-causal (block diffusion): a token sees its own block and every earlier
 block of its segment (`block_causal`). BD3-LM's training pass reads a noised and
 a clean copy of a row side by side (`two_copy_visible`); the caller then builds
-the mask and passes `causal=False` without a block size, so no key is skipped.
+the mask, passes `causal=False` and a `dew.models.two_copy.TwoCopy` as the block
+size, and each query chunk reads only the key spans it may see (`two_copy_attention`).
 The causal path is unchanged.
 """
 
@@ -41,6 +42,7 @@ import jax.numpy as jnp
 from dew.models.config import DecoderConfig
 from dew.models.linear import Linear
 from dew.models.rope import apply_rotary
+from dew.models.two_copy import TwoCopy, two_copy_attention
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
 # Queries are processed in chunks of this many positions over the causal prefix of keys.
@@ -209,7 +211,7 @@ class Attention(nn.Module):
         sin: jax.Array,
         mask: jax.Array,
         causal: bool = True,
-        block_size: int | None = None,
+        block_size: int | TwoCopy | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """x `[B, T, D]`, tables `[B, T, Dh]`, mask bool `[B, T, T]` (query, key).
 
@@ -217,7 +219,9 @@ class Attention(nn.Module):
         `causal`, and `block_causal` for a block size) and the segment boundaries;
         keys outside a chunk's span (`key_span`) are not read. causal (static):
         False reads keys after the query too, for a mask built with
-        `visible(..., causal=False)`; block_size (static) bounds that reach.
+        `visible(..., causal=False)`; block_size (static) bounds that reach. A
+        `TwoCopy` block size (with causal=False and a `two_copy_visible` mask) runs
+        BD3-LM's two-copy pass over the key spans of `dew.models.two_copy`.
         Returns the output `[B, T, D]` and the rotated keys and values
         `[B, T, KVH, Dh]`.
         """
@@ -225,6 +229,11 @@ class Attention(nn.Module):
         window = self.config.sliding_window
         q, k, v = self._project(x, cos, sin)
         keys, values = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+        if isinstance(block_size, TwoCopy):
+            heads = two_copy_attention(
+                self._scores, q, keys, values, mask, block_size.size, QUERY_CHUNK
+            )
+            return self.o_proj(heads), (k, v)
         # Causal blocks: query chunk [s, e) only needs keys [0, e), or [s - W + 1, e)
         # with a sliding window W. Skipping the rest halves the work (or more) and keeps
         # each chunk's scores in cache; the mask still decides inside the block.
@@ -325,7 +334,7 @@ class DecoderLayer(nn.Module):
         sin: jax.Array,
         mask: jax.Array,
         causal: bool = True,
-        block_size: int | None = None,
+        block_size: int | TwoCopy | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         attn, kv = self.self_attn(self.input_layernorm(x), cos, sin, mask, causal, block_size)
         x = x + attn
