@@ -26,7 +26,7 @@ the rounds, one fresh process per contender trains ``--probe-steps`` steps and r
 ``VmHWM``. With ``--remat full`` Dew also runs with each decoder layer checkpointed
 (``remat="full"``) at the largest size asked for, timed and probed beside the plain step.
 
-Record: tools/bench/results/scaling.json.
+Record: tools/bench/results/scaling.json (``--record NAME``: results/NAME.json, for a subset).
 """
 
 from __future__ import annotations
@@ -243,6 +243,8 @@ def main() -> None:
     parser.add_argument("--probe-steps", type=int, default=2)
     parser.add_argument("--remat", choices=("none", "full"), default="none",
                         help="full: also time Dew with remat='full' at the largest size")  # fmt: skip
+    parser.add_argument("--record", default="scaling",
+                        help="record name: tools/bench/results/<record>.json")  # fmt: skip
     parser.add_argument("--probe", default="", help=argparse.SUPPRESS)  # internal: memory probe
     parser.add_argument("--dir", default="", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=0, help=argparse.SUPPRESS)
@@ -251,7 +253,7 @@ def main() -> None:
     if args.probe:
         probe_dew(args)
         return
-    bench = Bench("scaling", args.cpus, args.threads)  # before jax starts: pins, thread flags
+    bench = Bench(args.record, args.cpus, args.threads)  # before jax starts: pins, thread flags
     cells: dict[str, dict[str, Any]] = {}
     largest = args.sizes[-1] if args.sizes else None
     try:
