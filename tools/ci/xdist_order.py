@@ -48,6 +48,7 @@ SECONDS: dict[str, float] = {
     "packages/dew/tests/test_lora_serving.py": 60,
     "packages/dew/tests/test_lora_diffusion.py": 60,
     "packages/dew/tests/test_lora_ppo_cli.py": 60,
+    "packages/dew/tests/test_two_copy_spans.py": 100,
     "packages/dew-flow/tests/test_flow_example.py": 130,
     "packages/dew-flow/tests/test_flow_grpo.py": 85,
     "packages/dew-flow/tests/test_flow_train_command.py": 60,

@@ -77,12 +77,12 @@ def _weighted(logits: jax.Array, weights: jax.Array) -> tuple[jax.Array, jax.Arr
     return jnp.sum(logits * weights), logits
 
 
-@pytest.mark.parametrize("size", [1, 2, 4, 8])
+@pytest.mark.parametrize("size", [1, 4])
 def test_spans_match_all_keys_over_several_chunks(size: int, monkeypatch) -> None:  # noqa: ANN001
     _compare(16, size, 4, False, monkeypatch)
 
 
-@pytest.mark.parametrize("size", [1, 2, 4, 8])
+@pytest.mark.parametrize("size", [2, 8])
 def test_spans_match_all_keys_when_the_row_is_not_a_multiple_of_the_chunk(
     size: int,
     monkeypatch,  # noqa: ANN001
