@@ -19,9 +19,8 @@ import numpy as np
 import pytest
 import yaml
 from gateway_fakes import MODEL, GatewayProcess
-from rollout_engine import engine_cpus, vllm_python
+from rollout_engine import chat_tokenizer, engine_cpus, vllm_python
 from test_recipe_harbor import harbor_config
-from test_rollout_vllm_chat import chat_tokenizer
 
 from dew.cli import main
 from dew.rollout import SafetensorsReload
