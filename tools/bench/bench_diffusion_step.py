@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import Bench, Worker, add_arguments, jnp_dot_peak, reference_python, spread  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
+from bench_lora import run_steps  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 GOAL = 1.0
@@ -106,20 +107,7 @@ def dew_side(directory: str, args: argparse.Namespace, blocks: list[int]):  # ty
                       "first_step_s": time.perf_counter() - start}  # fmt: skip
 
     def call(name: str):  # type: ignore[no-untyped-def]
-        run = runs[name]
-
-        def steps() -> list[float]:
-            times = []
-            for _ in range(args.steps):
-                batch = run["placed"][run["i"] % len(run["placed"])]
-                run["i"] += 1
-                start = time.perf_counter()
-                run["state"], metrics = run["step"](run["state"], batch)
-                jax.block_until_ready(metrics)
-                times.append(time.perf_counter() - start)
-            return times
-
-        return steps
+        return lambda: run_steps(runs[name], args.steps)
 
     return runs, call
 
