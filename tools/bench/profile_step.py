@@ -37,17 +37,33 @@ _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = .*?\s([a-z][\w\-]*)\(")
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) ")
+_SHAPED = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\w+)\[([\d,]*)\]")
+_DOT = re.compile(r"=\s*\w+\[[\d,]*\]\S*\s+dot\(%([\w.\-]+), %([\w.\-]+)\)(.*)$")
+_DIMS = re.compile(
+    r"(lhs_batch_dims|rhs_batch_dims|lhs_contracting_dims|rhs_contracting_dims)=\{([\d,]*)\}"
+)
 PARTS = (("self_attn", "attention"), ("mlp", "mlp"), ("layernorm", "norms"),
          ("norm", "norms"), ("embed_tokens", "embedding+head"), ("logits", "embedding+head"))  # fmt: skip
 
 
 def parse_hlo(text: str) -> dict[str, dict]:
-    """``name -> {op, op_name, matmul}`` for every instruction of the compiled module; a
-    fusion counts as a matrix product when its computation holds a dot or a convolution."""
+    """``name -> {op, op_name, matmul, dots}`` for every instruction of the compiled module; a
+    fusion counts as a matrix product when its computation holds a dot or a convolution;
+    ``dots`` lists the operand shapes and dimension numbers of the dots it runs."""
     computations: dict[str, list[str]] = collections.defaultdict(list)
     current = ""
     info: dict[str, dict] = {}
+    shapes: dict[str, tuple[str, tuple[int, ...]]] = {}
+    dots: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
     for line in text.splitlines():
+        shaped = _SHAPED.match(line)
+        if shaped:
+            dims = tuple(int(d) for d in shaped.group(3).split(",") if d)
+            shapes[shaped.group(1)] = (shaped.group(2), dims)
+        dot = _DOT.search(line)
+        if dot and shaped:
+            dots[current].append(dot.groups())
+            dots["%" + shaped.group(1)].append(dot.groups())
         head = _COMPUTATION.match(line)
         if head and line.rstrip().endswith("{"):
             current = head.group(1)
@@ -66,7 +82,18 @@ def parse_hlo(text: str) -> dict[str, dict]:
         entry["matmul"] = entry["op"] in ("dot", "convolution") or any(
             op in ("dot", "convolution") for op in inner
         )
+    for name, entry in info.items():  # a dot itself, or the dots inside a fusion's body
+        found = dots.get("%" + name, []) if entry["op"] == "dot" else dots.get(entry["calls"], [])
+        entry["dots"] = [_dot_spec(lhs, rhs, attrs, shapes) for lhs, rhs, attrs in found]
     return info
+
+
+def _dot_spec(lhs: str, rhs: str, attrs: str, shapes: dict) -> dict:
+    """Operand dtypes and shapes and the dimension numbers of one HLO dot."""
+    dims = {
+        key: tuple(int(d) for d in value.split(",") if d) for key, value in _DIMS.findall(attrs)
+    }
+    return {"lhs": shapes.get(lhs), "rhs": shapes.get(rhs), "dims": dims}
 
 
 def group_of(entry: dict) -> tuple[str, str, str]:
@@ -82,16 +109,85 @@ def group_of(entry: dict) -> tuple[str, str, str]:
     return phase, part, "matmul" if entry["matmul"] else "other ops"
 
 
-def op_times(trace_dir: str, steps: int) -> dict[str, float]:
-    """Seconds per step of every traced operation (Perfetto 'X' events), by name."""
+def op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Seconds and runs per step of every traced operation (Perfetto 'X' events), by name."""
     files = sorted(Path(trace_dir).rglob("*.trace.json.gz"))
     events = json.load(gzip.open(files[-1]))
     events = events["traceEvents"] if isinstance(events, dict) else events
     total: dict[str, float] = collections.Counter()
+    runs: dict[str, float] = collections.Counter()
     for event in events:
         if event.get("ph") == "X":
             total[event["name"]] += event.get("dur", 0) * 1e-6 / steps
-    return dict(total)
+            runs[event["name"]] += 1 / steps
+    return dict(total), dict(runs)
+
+
+def isolated_products(info: dict, times: dict[str, float], runs: dict[str, float],
+                      repeats: int = 5) -> dict:  # fmt: skip
+    """The step's matrix products timed alone: every traced product instruction's dots run
+    as one jitted ``lax.dot_general`` at the same operand shapes, dtypes and dimension
+    numbers (best of ``repeats``), times its runs per step. What the products cost at
+    XLA's own rate for these shapes, with no fusion around them: the ceiling the step's
+    products can reach without changing their shapes. Also their FLOPs, from the shapes."""
+    import jax
+    import numpy as np
+
+    cache: dict[str, tuple[float, float]] = {}
+    rows: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for name, seconds in times.items():
+        entry = info.get(name)
+        if not entry or not entry["matmul"] or not entry["dots"]:
+            continue
+        if any(d["lhs"] is None or d["rhs"] is None for d in entry["dots"]):
+            continue
+        keys = [json.dumps(d) for d in entry["dots"]]
+        for key, spec in zip(keys, entry["dots"]):
+            if key not in cache:
+                cache[key] = _time_dot(jax, np, spec, repeats)
+        row = rows[" + ".join(_label(d) for d in entry["dots"])]
+        row[0] += seconds
+        row[1] += sum(cache[k][0] for k in keys) * runs[name]
+        row[2] += sum(cache[k][1] for k in keys) * runs[name]
+    alone, in_step, flops = (sum(r[i] for r in rows.values()) for i in (1, 0, 2))
+    table = sorted(([label, *row] for label, row in rows.items()), key=lambda r: -r[1])
+    return {"alone_s": alone, "in_step_s": in_step, "flops": flops, "shapes": len(cache),
+            "by_shape": table}  # fmt: skip
+
+
+def _label(spec: dict) -> str:
+    """``[M,K]x[K,N]``-style label of a dot: operand shapes, contracted dims marked ``'``."""
+    dims = spec["dims"]
+    parts = []
+    for side in ("lhs", "rhs"):
+        contracted = dims.get(f"{side}_contracting_dims", ())
+        shape = spec[side][1]
+        parts.append("[" + ",".join(f"{n}'" if i in contracted else str(n)
+                                    for i, n in enumerate(shape)) + "]")  # fmt: skip
+    return "x".join(parts)
+
+
+def _time_dot(jax, np, spec: dict, repeats: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """Best seconds of one dot at ``spec``'s shapes, and its FLOPs."""
+    (lt, ls), (rt, rs), dims = spec["lhs"], spec["rhs"], spec["dims"]
+    numbers = ((dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
+               (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())))  # fmt: skip
+    rng = np.random.default_rng(0)
+    lhs = jax.numpy.asarray(
+        rng.standard_normal(ls), lt.replace("bf", "bfloat").replace("f32", "float32")
+    )
+    rhs = jax.numpy.asarray(
+        rng.standard_normal(rs), rt.replace("bf", "bfloat").replace("f32", "float32")
+    )
+    dot = jax.jit(lambda a, b: jax.lax.dot_general(a, b, numbers))
+    out = dot(lhs, rhs).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dot(lhs, rhs).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    contracted = int(np.prod([ls[i] for i in numbers[0][0]]))
+    return best, 2.0 * out.size * contracted
 
 
 def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -178,11 +274,22 @@ def main() -> None:
                 state, metrics = step(state, batch)
                 jax.block_until_ready(metrics)
         step_s = (time.perf_counter() - start) / args.steps
-        times = op_times(trace_dir, args.steps)
+        times, runs = op_times(trace_dir, args.steps)
     at_peak = jnp_dot_peak(flops)  # seconds the FLOPs take at the peak: best of three
     peak = flops / min(at_peak() for _ in range(3))
     payload = report(bench, info, times, step_s, flops, peak)
-    bench.finish({"args": vars(args), **payload})
+    alone = isolated_products(info, times, runs)
+    bench.say(f"the same products alone ({alone['shapes']} shapes, {alone['flops'] / 1e9:.2f} "
+              f"GFLOP): {alone['alone_s'] * 1e3:.1f} ms against {alone['in_step_s'] * 1e3:.1f} ms "
+              f"in the step ({alone['alone_s'] / alone['in_step_s']:.2f}); alone they run at "
+              f"{alone['flops'] / alone['alone_s'] / peak:.2f} of the square jnp.dot peak")  # fmt: skip
+    bench.say(
+        f"{'product (contracted dims marked)':44s} {'in step':>9s} {'alone':>9s} {'GFLOP/s':>8s}"
+    )
+    for label, in_step, alone_s, gflop in alone["by_shape"][:10]:
+        bench.say(f"{label:44s} {in_step * 1e3:8.1f}ms {alone_s * 1e3:8.1f}ms "
+                  f"{gflop / max(in_step, 1e-12) / 1e9:8.1f}")  # fmt: skip
+    bench.finish({"args": vars(args), **payload, "isolated_products": alone})
 
 
 if __name__ == "__main__":
