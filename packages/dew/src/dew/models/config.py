@@ -100,6 +100,10 @@ class DecoderConfig:
     remat: gradient checkpointing of each decoder layer (`dew.models.remat`): "none",
     "full", "dots_saveable" or "dots_with_no_batch_dims_saveable"; it changes memory and
     time only, never the parameters or what a checkpoint holds (config.json leaves it out).
+    scan_layers: run the layers of the whole-sequence forward pass as one `jax.lax.scan`
+    over their stacked parameters (`dew.models.scan`), so one layer body is compiled
+    instead of L; the parameter tree, the outputs (to float32 rounding) and config.json
+    stay the same. Decoding keeps the loop.
     """
 
     vocab_size: int
@@ -121,6 +125,7 @@ class DecoderConfig:
     dtype: str = "float32"
     init_std: float = 0.02
     remat: str = "none"
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "emb_features", "num_layers", "num_heads", "mlp_features"):
@@ -156,6 +161,8 @@ class DecoderConfig:
         ):
             raise ValueError(f"sliding_window: expected a positive int or None, got {window!r}")
         check_remat(self.remat)
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"scan_layers: expected a bool, got {self.scan_layers!r}")
 
     @property
     def compute_dtype(self) -> Any:

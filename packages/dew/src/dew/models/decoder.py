@@ -42,6 +42,7 @@ from dew.models.layers import DecoderLayer, RMSNorm, block_causal, two_copy_visi
 from dew.models.linear import Linear
 from dew.models.remat import remat_layer
 from dew.models.rope import inverse_frequencies, rotary_tables
+from dew.models.scan import scan_layers
 from dew.models.two_copy import TwoCopy
 
 
@@ -180,9 +181,14 @@ class CausalTransformer(nn.Module):
         mask = self._mask(segment_ids, positions, causal, block_size, two_copy)
         cos, sin = self._tables(positions)
         x = self.embed_tokens(input_ids.astype(jnp.int32))
-        kvs = []
+        kvs: list[tuple[jax.Array, jax.Array]] = []
         # The two-copy pass reads, per query chunk, only the key spans of `two_copy`.
         span_block = TwoCopy(block_size) if two_copy and block_size is not None else block_size
+        if self.config.scan_layers and not self.is_initializing():  # one compiled layer body
+            params = self.variables["params"]
+            layers = [params[f"layers_{i}"] for i in range(self.config.num_layers)]
+            x, kvs = scan_layers(self.config, layers, x, cos, sin, mask, causal, span_block)
+            return self.norm(x), kvs
         for layer in self.layers:
             x, kv = layer(x, cos, sin, mask, causal, span_block)
             kvs.append(kv)

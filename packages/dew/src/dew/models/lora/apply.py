@@ -20,7 +20,9 @@ state exist for them.
 
 The serving layout of `dew.models.serving.fuse` (fused gate/up kernels) has no
 `gate_proj`/`up_proj` calls to wrap: merge the adapters first
-(`merge_adapters`) and fuse the merged weights.
+(`merge_adapters`) and fuse the merged weights. A model with
+`config.scan_layers` runs its layers in the unrolled loop here, since the
+interceptor tells the targets apart by their `layers_i` path.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def apply_adapters(
         delta = matmul(matmul(x, a), b) * jnp.asarray(lora.scale, dtype)
         return out + delta.astype(out.dtype)
 
+    if model.config.scan_layers:  # the interceptor finds targets by their layers_i path
+        model = model.clone(config=model.config.replace(scan_layers=False))
     with nn.intercept_methods(interceptor):
         return model.apply(variables, *args, **kwargs)
 
