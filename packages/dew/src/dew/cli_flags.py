@@ -84,6 +84,9 @@ FLAGS: tuple[tuple[tuple[str, ...], str, Any, str, tuple[str, ...] | None], ...]
     (("--remat",), "model.remat", str, "recompute each decoder layer's activations in the "
      "backward pass to save memory: none, full, dots_saveable (keep matmul outputs) or "
      "dots_with_no_batch_dims_saveable; weights and checkpoints are the same", None),
+    (("--scan-layers",), "model.scan_layers", bool, "run the decoder layers as one "
+     "jax.lax.scan: one compiled layer body instead of one per layer (on XLA's CPU backend "
+     "it compiled slower); weights and checkpoints are the same", None),
     (("--tokens",), "data.tokens", str, "token file: .npy, or raw ids (.bin) of --token-dtype "
      "(required)", ("lm",)),
     (("--token-dtype",), "data.token_dtype", str, "dtype of a raw token file", ("lm",)),

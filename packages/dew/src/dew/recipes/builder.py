@@ -46,7 +46,9 @@ class ModelConfig:
     them); ``mlp_features`` to four times ``emb_features``; ``num_kv_heads`` to ``num_heads``.
     With ``pretrained`` every size key is ignored and the directory's config is used.
     ``remat`` is the decoder layers' gradient checkpointing (``dew.models.remat``: ``none``,
-    ``full``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``), fresh or pretrained.
+    ``full``, ``dots_saveable``, ``dots_with_no_batch_dims_saveable``), fresh or pretrained;
+    ``scan_layers`` runs the layers as one ``jax.lax.scan`` (``dew.models.scan``: one
+    compiled layer body, the same weights), fresh or pretrained.
     """
 
     name: str = "qwen3"
@@ -60,6 +62,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     pretrained: str | None = None
     remat: Literal["none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable"] = "none"
+    scan_layers: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "emb_features", "num_layers", "num_heads", "num_kv_heads",
@@ -186,8 +189,9 @@ def build_model(
                 f"model.pretrained: the model covers {positions} positions, fewer than {source}"
             )
         model = loaded.model
-        if config.remat != "none":  # the same weights, layers under jax.checkpoint
-            model = type(model)(model.config.replace(remat=config.remat))
+        if config.remat != "none" or config.scan_layers:  # the same weights, run otherwise
+            changes = {"remat": config.remat, "scan_layers": config.scan_layers}
+            model = type(model)(model.config.replace(**changes))
         return model, dict(loaded.variables)
     vocab = config.vocab_size if config.vocab_size is not None else vocab_size
     if vocab is None:
@@ -212,6 +216,7 @@ def build_model(
         mlp_features=config.mlp_features or 4 * config.emb_features,
         dtype=config.dtype,
         remat=config.remat,
+        scan_layers=config.scan_layers,
         **options,
     )
     return model, None

@@ -195,7 +195,7 @@ def resume_checkpoint(run_dir: str, spec: str | None) -> str | None:
 
 
 _SAME = ("kind", "model", "data", "source", "lora")
-_MAY_CHANGE = ("val_path", "val_tokens", "val_batches", "journal", "remat")
+_MAY_CHANGE = ("val_path", "val_tokens", "val_batches", "journal", "remat", "scan_layers")
 
 
 def check_run_dir(config: TrainConfig) -> None:
