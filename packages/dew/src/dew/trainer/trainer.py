@@ -7,6 +7,7 @@ and ``dew.mesh`` for the shardings.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -153,11 +154,35 @@ class Trainer:
             self._shardings = state_shardings(self._abstract, self.mesh, self.fsdp)
 
     def initial_state(self) -> TrainState:
-        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG."""
+        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG.
+
+        When the objective starts from given variables (its ``pretrained``), their trainable
+        ``"params"`` become the state's without a copy wherever they already lie as the state
+        keeps them, so a run holds one copy of the weights, not two. The first step donates
+        them: afterwards those arrays (the objective's ``pretrained``, and the
+        ``Pretrained.variables`` they came from) are deleted, and ``initial_state()`` on the
+        same objective raises a ``ValueError`` saying so. Other collections (a LoRA base, a
+        frozen reference in ``ema``) are still copied.
+        """
         variables = self._variables()
         self._ensure_shardings(variables)
-        init = jax.jit(self._init_fn, out_shardings=self._shardings)
-        return init(variables, self._rng)
+        assert self._shardings is not None
+        if not starts_from_variables(self.objective):
+            init = jax.jit(self._init_fn, out_shardings=self._shardings)
+            return init(variables, self._rng)
+        check_not_donated(variables["params"])
+        params = jax.device_put(variables["params"], self._shardings.params["params"])
+        variables = {**variables, "params": params}
+
+        def rest(v: Any, rng: jax.Array) -> TrainState:
+            state = self._init_fn(v, rng)
+            return dataclasses.replace(state, params={**state.params, "params": None})
+
+        out = dataclasses.replace(
+            self._shardings, params={**self._shardings.params, "params": None}
+        )
+        state = jax.jit(rest, out_shardings=out)(variables, self._rng)
+        return dataclasses.replace(state, params={**state.params, "params": params})
 
     def _step(self) -> Any:
         if self._compiled_step is None:
@@ -332,3 +357,12 @@ class Trainer:
 
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer", "TrainingInterrupted"]
+
+
+def check_not_donated(params: Any) -> None:
+    """Raise when a leaf of the starting ``params`` was donated to a step (deleted)."""
+    if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(params)):
+        raise ValueError(
+            "objective.pretrained: expected live arrays, got arrays a training step has donated "
+            "(a run's first state takes them without a copy); pass a fresh copy to start again"
+        )
