@@ -11,12 +11,14 @@ interleaved rounds (tools/bench/_rounds.py):
 
 * ``cold``: an empty cache directory of its own, so the run compiles everything and fills it;
 * ``warm``: a cache directory filled once before the rounds, so every program is a hit;
-* ``off``: ``--no-compile-cache``.
+* ``off``: ``--no-compile-cache``;
+* ``cold scan``: as ``cold`` with ``--scan-layers`` (``dew.models.scan``: one compiled layer
+  body looped over instead of one copy per layer).
 
 Printed per contender: the first step (from the start of ``fit`` to the first logged step:
 state init, compile and one update; read from ``metrics.jsonl`` as the step's tokens over
 its ``tokens_per_s``) and the whole process (interpreter start to exit), median and spread;
-the ratios cold / warm; the cache hits and entries of each run. Record:
+the ratios cold / warm and cold scan / cold; the cache hits and entries of each run. Record:
 tools/bench/results/first_step.json.
 """
 
@@ -49,10 +51,14 @@ print("RESULT " + json.dumps({"status": status,
 """
 
 
-def one_run(work: Path, name: str, cache: Path | None, args: argparse.Namespace) -> dict:
-    """One fresh ``dew train lm`` process; its first-step and whole-process seconds."""
-    run_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=work))
+def one_run(
+    work: Path, name: str, cache: Path | None, args: argparse.Namespace, extra: tuple = ()
+) -> dict:
+    """One fresh ``dew train lm`` process (``extra`` flags added); its first-step and
+    whole-process seconds."""
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{name.replace(' ', '-')}-", dir=work))
     flags = ["--no-compile-cache"] if cache is None else ["--compile-cache-dir", str(cache)]
+    flags += list(extra)
     command = [sys.executable, "-c", CHILD, "train", "lm", "--tokens", str(work / "tokens.npy"),
                "--run-dir", str(run_dir / "run"), "--steps", "1", "--batch", str(args.batch),
                "--seq-len", str(args.seq_len), "--log-every", "1", "--compile-cache", *flags]  # fmt: skip
@@ -91,15 +97,17 @@ def main() -> None:
 
     def contender(name: str):
         def run() -> dict[str, float]:
-            cache = {"cold": Path(tempfile.mkdtemp(prefix="cold-cache-", dir=work)),
-                     "warm": warm_cache, "off": None}[name]  # fmt: skip
-            got = one_run(work, name, cache, args)
+            cold = name.startswith("cold")
+            cache = Path(tempfile.mkdtemp(prefix="cold-cache-", dir=work)) if cold else {
+                "warm": warm_cache, "off": None}[name]  # fmt: skip
+            extra = ("--scan-layers",) if name.endswith("scan") else ()
+            got = one_run(work, name, cache, args, extra)
             counts.setdefault(name, []).append((got["hits"], got["misses"], got["entries"]))
             return {"first step": got["first step"], "process": got["process"]}
 
         return run
 
-    names = ("cold", "warm", "off")
+    names = ("cold", "warm", "off", "cold scan")
     times = bench.rounds({n: contender(n) for n in names}, rounds=args.rounds)
     bench.say(f"dew train lm --steps 1, qwen3 256x4, batch {args.batch}, seq_len {args.seq_len}")
     for name in names:
@@ -110,6 +118,8 @@ def main() -> None:
     for part in ("first step", "process"):
         bench.compare(f"{part}: cold / warm", times[f"cold {part}"], times[f"warm {part}"])
         bench.compare(f"{part}: off / warm", times[f"off {part}"], times[f"warm {part}"])
+        bench.compare(f"{part}: cold scan / cold", times[f"cold scan {part}"],
+                      times[f"cold {part}"])  # fmt: skip
     bench.finish({"seq_len": args.seq_len, "batch": args.batch, "counts": counts})
 
 
