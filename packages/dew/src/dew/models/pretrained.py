@@ -99,8 +99,10 @@ def load_pretrained(directory: str | os.PathLike[str], *, dtype: Any = "float32"
     """Read a Hugging Face decoder checkpoint (config.json + safetensors).
 
     dtype: the compute dtype of the returned model; parameters are always
-    float32. Raises naming the tensor when one is missing, has the wrong
-    shape or a non-float dtype; unknown architectures name config.json's field.
+    float32 jax arrays, and no host copy of them outlives the call (each
+    tensor's numpy array is dropped once converted: loading holds about one
+    host copy of a file at a time, not two). Raises naming the tensor when one
+    is missing, has the wrong shape or a non-float dtype; unknown architectures name config.json's field.
     Extra tensors that Dew does not use (rotary caches) are ignored, except an
     `lm_head.weight` in a tied checkpoint, which must equal the embedding.
     """
@@ -136,9 +138,10 @@ def load_pretrained(directory: str | os.PathLike[str], *, dtype: Any = "float32"
                     f"{path}: tensor {spec.name!r} has shape {got}, config.json implies {expected}"
                 )
         arrays = safetensors_io.load(path, [spec.name for spec in specs])
-        for spec in specs:
-            array = arrays[spec.name].astype(np.float32)
-            _set(params, spec.path, array.T.copy() if spec.transpose else array)
+        for spec in specs:  # one host tensor at a time, freed once its jax array is made
+            array = arrays.pop(spec.name).astype(np.float32, copy=False)
+            _set(params, spec.path, jax.numpy.asarray(array.T if spec.transpose else array))
+            del array
     if config.tie_embeddings and "lm_head.weight" in files:
         head = safetensors_io.load(files["lm_head.weight"], ["lm_head.weight"])["lm_head.weight"]
         if not np.array_equal(head.astype(np.float32), params["embed_tokens"]["embedding"]):
@@ -146,7 +149,7 @@ def load_pretrained(directory: str | os.PathLike[str], *, dtype: Any = "float32"
                 f"{directory}: tensor 'lm_head.weight' differs from the embedding although "
                 "tie_word_embeddings is true"
             )
-    variables = {"params": jax.tree.map(jax.numpy.asarray, params)}
+    variables = {"params": params}
     return Pretrained(model=model, variables=variables, config=config, family=family, hf_config=hf)
 
 
