@@ -46,7 +46,8 @@ def test_the_first_state_shares_the_pretrained_buffers(start):
     expected = jax.device_get(variables["params"])
     state = trainer.initial_state()
     assert pointers(state.params["params"]) == pointers(variables["params"])
-    again = trainer.initial_state()  # before any step the weights are still there
+    again = trainer.initial_state()  # a later state is a copy (the first one stays valid)
+    assert pointers(again.params["params"]) != pointers(variables["params"])
     for a, b in zip(jax.tree.leaves(jax.device_get(again.params)), jax.tree.leaves(expected)):
         np.testing.assert_array_equal(a, b)
 

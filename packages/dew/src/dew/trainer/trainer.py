@@ -141,6 +141,7 @@ class Trainer:
         self._shardings: Any = None
         self._compiled_step: Any = None
         self._compiled_eval: Any = None
+        self._handed_over = False  # whether a state took the pretrained params (no copy)
 
     # ----------------------------------------------------------------------------- state
     def _variables(self) -> Any:
@@ -156,21 +157,24 @@ class Trainer:
     def initial_state(self) -> TrainState:
         """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG.
 
-        When the objective starts from given variables (its ``pretrained``), their trainable
-        ``"params"`` become the state's without a copy wherever they already lie as the state
-        keeps them, so a run holds one copy of the weights, not two. The first step donates
-        them: afterwards those arrays (the objective's ``pretrained``, and the
-        ``Pretrained.variables`` they came from) are deleted, and ``initial_state()`` on the
-        same objective raises a ``ValueError`` saying so. Other collections (a LoRA base, a
-        frozen reference in ``ema``) are still copied.
+        When the objective starts from given variables (its ``pretrained``), the first state
+        this Trainer makes takes their trainable ``"params"`` without a copy wherever they
+        already lie as the state keeps them, so a run holds one copy of the weights, not two;
+        later calls copy (a state kept from an earlier call stays valid through ``fit``). A
+        step donates that first state: afterwards those arrays (the objective's
+        ``pretrained``, and the ``Pretrained.variables`` they came from) are deleted, and
+        ``initial_state()`` from them raises a ``ValueError`` saying so. Other collections
+        (a LoRA base, a frozen reference in ``ema``) are always copied.
         """
         variables = self._variables()
         self._ensure_shardings(variables)
         assert self._shardings is not None
-        if not starts_from_variables(self.objective):
+        if starts_from_variables(self.objective):
+            check_not_donated(variables["params"])
+        if self._handed_over or not starts_from_variables(self.objective):
             init = jax.jit(self._init_fn, out_shardings=self._shardings)
             return init(variables, self._rng)
-        check_not_donated(variables["params"])
+        self._handed_over = True
         params = jax.device_put(variables["params"], self._shardings.params["params"])
         variables = {**variables, "params": params}
 
