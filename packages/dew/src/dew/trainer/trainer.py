@@ -7,7 +7,6 @@ and ``dew.mesh`` for the shardings.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -141,7 +140,6 @@ class Trainer:
         self._shardings: Any = None
         self._compiled_step: Any = None
         self._compiled_eval: Any = None
-        self._handed_over = False  # whether a state took the pretrained params (no copy)
 
     # ----------------------------------------------------------------------------- state
     def _variables(self) -> Any:
@@ -155,38 +153,11 @@ class Trainer:
             self._shardings = state_shardings(self._abstract, self.mesh, self.fsdp)
 
     def initial_state(self) -> TrainState:
-        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG.
-
-        When the objective starts from given variables (its ``pretrained``), the first state
-        this Trainer makes takes their trainable ``"params"`` without a copy wherever they
-        already lie as the state keeps them, so a run holds one copy of the weights, not two;
-        later calls copy (a state kept from an earlier call stays valid through ``fit``). A
-        step donates that first state: afterwards those arrays (the objective's
-        ``pretrained``, and the ``Pretrained.variables`` they came from) are deleted, and
-        ``initial_state()`` from them raises a ``ValueError`` saying so. Other collections
-        (a LoRA base, a frozen reference in ``ema``) are always copied.
-        """
+        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG."""
         variables = self._variables()
         self._ensure_shardings(variables)
-        assert self._shardings is not None
-        if starts_from_variables(self.objective):
-            check_not_donated(variables["params"])
-        if self._handed_over or not starts_from_variables(self.objective):
-            init = jax.jit(self._init_fn, out_shardings=self._shardings)
-            return init(variables, self._rng)
-        self._handed_over = True
-        params = jax.device_put(variables["params"], self._shardings.params["params"])
-        variables = {**variables, "params": params}
-
-        def rest(v: Any, rng: jax.Array) -> TrainState:
-            state = self._init_fn(v, rng)
-            return dataclasses.replace(state, params={**state.params, "params": None})
-
-        out = dataclasses.replace(
-            self._shardings, params={**self._shardings.params, "params": None}
-        )
-        state = jax.jit(rest, out_shardings=out)(variables, self._rng)
-        return dataclasses.replace(state, params={**state.params, "params": params})
+        init = jax.jit(self._init_fn, out_shardings=self._shardings)
+        return init(variables, self._rng)
 
     def _step(self) -> Any:
         if self._compiled_step is None:
@@ -361,12 +332,3 @@ class Trainer:
 
 
 __all__ = ["NonFiniteLossError", "TrainState", "Trainer", "TrainingInterrupted"]
-
-
-def check_not_donated(params: Any) -> None:
-    """Raise when a leaf of the starting ``params`` was donated to a step (deleted)."""
-    if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(params)):
-        raise ValueError(
-            "objective.pretrained: expected live arrays, got arrays a training step has donated "
-            "(a run's first state takes them without a copy); pass a fresh copy to start again"
-        )
