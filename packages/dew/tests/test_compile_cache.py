@@ -4,10 +4,8 @@ Two real ``dew train lm`` processes share a temporary cache: the first writes en
 finds none, the second finds every program (JAX's ``cache_hits`` monitoring events, counted
 in the child) and writes nothing new, and both export bit-identical weights, so a cached
 executable trains exactly as a fresh compile. Every process-wide choice (off, the user's own
-JAX directory) is checked in a child process, since JAX opens its cache once per process.
-The suite itself runs with a shared cache of its own (the workspace's ``conftest.py``), whose
-variables these children do not inherit: each sees only what its case sets, as a user's
-process would.
+JAX directory) is checked in a child process, since JAX opens its cache once per process;
+the suite itself runs with ``DEW_COMPILE_CACHE=0`` (the workspace's ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +49,7 @@ print("RESULT " + json.dumps({"chosen": chosen,
 
 
 def _start(code: str, *args: str, cwd: Path, env: dict[str, str] | None = None) -> Any:
-    ambient = (
-        "XLA_FLAGS",
-        "DEW_COMPILE_CACHE",
-        "DEW_COMPILE_CACHE_DIR",
-        "JAX_COMPILATION_CACHE_DIR",
-        "JAX_COMPILATION_CACHE_MAX_SIZE",
-        "XDG_CACHE_HOME",
-    )
+    ambient = ("XLA_FLAGS", "DEW_COMPILE_CACHE_DIR", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")
     environment = {k: v for k, v in os.environ.items() if k not in ambient}
     environment.update({"JAX_PLATFORMS": "cpu", **(env or {})})
     return subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, env=environment,
@@ -187,38 +177,3 @@ def test_the_flags_reach_the_run_config(tmp_path: Path) -> None:
         assert train_config(train_mapping(args), "lm").run.compile_cache is want
     args = build_parser().parse_args(base + ["--compile-cache-dir", str(tmp_path / "cc")])
     assert train_config(train_mapping(args), "lm").run.compile_cache_dir == str(tmp_path / "cc")
-
-
-#: What a process a test starts sees of the suite's cache (the workspace's ``conftest.py``).
-SHARED = """
-import json, os, jax, jax.numpy as jnp
-from dew.compile_cache import configure
-chosen = configure()
-jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(5)).block_until_ready()
-print("RESULT " + json.dumps({"chosen": chosen, "root": os.environ["DEW_COMPILE_CACHE_DIR"],
-      "max_size": jax.config.jax_compilation_cache_max_size,
-      "files": sorted(os.listdir(chosen))}))
-"""
-
-
-def test_the_suite_shares_one_fresh_cache_directory_with_its_processes(tmp_path: Path) -> None:
-    """The suite's own cache: a fresh directory of this test session under the temporary
-    directory (never ``~/.cache``), made by the session's first process (an xdist worker
-    inherits the controller's) and inherited by a process a test starts, which caches there
-    with JAX's file lock on (a size bound), so no process reads an entry half-written."""
-    root = Path(os.environ["DEW_COMPILE_CACHE_DIR"])
-    assert os.environ["DEW_COMPILE_CACHE"] == "1" and "JAX_COMPILATION_CACHE_DIR" not in os.environ
-    assert root.is_dir() and root.name.startswith("dew-test-jax-cache-")
-    assert root.parent == Path(tempfile.gettempdir())
-    owner = int(os.environ["DEW_TEST_COMPILE_CACHE_OWNER"])
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        assert owner != os.getpid()  # the controller made it, for every worker
-    process = subprocess.run([sys.executable, "-c", SHARED], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
-    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
-    assert process.returncode == 0 and lines, process.stdout[-2000:] + process.stderr[-3000:]
-    got = json.loads(lines[-1][len("RESULT ") :])
-    assert got["root"] == str(root)
-    assert got["chosen"] == str(root.resolve() / compile_cache.machine_tag())
-    assert got["max_size"] > 0  # bounded: JAX locks the directory around reads and writes
-    assert ".lockfile" in got["files"] and any(f.endswith("-cache") for f in got["files"])
