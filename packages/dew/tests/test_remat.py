@@ -74,11 +74,7 @@ def _residual_bytes(policy: str) -> int:
 def test_remat_saves_less_for_the_backward_pass() -> None:
     saved = {policy: _residual_bytes(policy) for policy in REMAT_POLICIES}
     assert saved["full"] * 4 < saved["none"]
-    assert saved["full"] < saved["dots_with_no_batch_dims_saveable"]
-    # The only products with batch dimensions are attention's, and they run inside the
-    # blockwise attention's custom_vjp (dew.models.flash), whose residuals (output, per-query
-    # max and sum) do not depend on the policy: both dots policies save the same there.
-    assert saved["dots_with_no_batch_dims_saveable"] == saved["dots_saveable"]
+    assert saved["full"] < saved["dots_with_no_batch_dims_saveable"] < saved["dots_saveable"]
     assert saved["dots_saveable"] < saved["none"]
 
 

@@ -10,9 +10,7 @@ Attention runs in two modes:
 * `__call__` over a whole sequence `[B, T]` with a boolean mask `[B, T, T]`
   (causal, inside one segment), returning the rotated keys and values so that a
   prefill can store them in a cache; queries go in chunks of `QUERY_CHUNK`
-  positions, each against only the keys at or before its end, read in blocks of
-  `KEY_BLOCK` with an online softmax (`dew.models.flash`), so neither the forward
-  nor the backward pass holds a `[T, T]` array of scores;
+  positions, each against only the keys at or before its end;
 * `decode` for one new token per row against a key/value cache
   `[B, KVH, S, Dh]`, writing the new key/value at each row's own slot and
   leaving rows that are not `active` untouched.
@@ -42,16 +40,13 @@ import jax
 import jax.numpy as jnp
 
 from dew.models.config import DecoderConfig
-from dew.models.flash import flash_attention
 from dew.models.linear import Linear
 from dew.models.rope import apply_rotary
 from dew.models.two_copy import TwoCopy, two_copy_attention
 
 NEG_INF = float(jnp.finfo(jnp.float32).min)
-# Queries are processed in chunks of this many positions over the keys the chunk may see,
+# Queries are processed in chunks of this many positions over the causal prefix of keys.
 QUERY_CHUNK = 128
-# and those keys in blocks of this many (`dew.models.flash`).
-KEY_BLOCK = 128
 
 
 def visible(
@@ -196,6 +191,11 @@ class Attention(nn.Module):
             k = self.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
+    def _output(self, probs: jax.Array, v: jax.Array, b: int, t: int) -> jax.Array:
+        # probs [B, KVH, G, T, S], v [B, KVH, S, Dh] -> [B, T, H*Dh]
+        out = jnp.einsum("bkgts,bksd->btkgd", probs.astype(v.dtype), v)
+        return self.o_proj(out.reshape(b, t, -1))
+
     def _scores(self, q: jax.Array, k: jax.Array) -> jax.Array:
         # q [B, T, H, Dh], k [B, KVH, S, Dh] -> float32 [B, KVH, G, T, S]
         cfg = self.config
@@ -234,18 +234,19 @@ class Attention(nn.Module):
                 self._scores, q, keys, values, mask, block_size.size, QUERY_CHUNK
             )
             return self.o_proj(heads), (k, v)
-        # Query chunk [s, e) only reads keys [low, high) (`key_span`): [0, e), or
-        # [s - W + 1, e) with a sliding window W; the mask still decides inside the span.
-        # The blockwise pass keeps no [T, S] scores for the backward (`flash_attention`).
-        chunk = min(QUERY_CHUNK, t)
-        spans = tuple(
-            key_span(start, min(start + chunk, t), t, window, causal, block_size)
-            for start in range(0, t, chunk)
-        )
-        cfg = self.config
-        grouped = q.reshape(b, t, cfg.kv_heads, cfg.num_heads // cfg.kv_heads, -1)
-        heads = flash_attention(grouped, keys, values, mask, spans, chunk, min(KEY_BLOCK, t))
-        return self.o_proj(heads.reshape(b, t, -1)), (k, v)
+        # Causal blocks: query chunk [s, e) only needs keys [0, e), or [s - W + 1, e)
+        # with a sliding window W. Skipping the rest halves the work (or more) and keeps
+        # each chunk's scores in cache; the mask still decides inside the block.
+        outputs = []
+        for start in range(0, t, QUERY_CHUNK):
+            end = min(start + QUERY_CHUNK, t)
+            low, high = key_span(start, end, t, window, causal, block_size)
+            scores = self._scores(q[:, start:end], keys[:, :, low:high])
+            block = mask[:, None, None, start:end, low:high]
+            probs = jax.nn.softmax(jnp.where(block, scores, NEG_INF), axis=-1)
+            outputs.append(self._output(probs, values[:, :, low:high], b, end - start))
+        out = outputs[0] if len(outputs) == 1 else jnp.concatenate(outputs, axis=1)
+        return out, (k, v)
 
     def decode(
         self,
