@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import Bench, add_arguments  # noqa: E402
+from bench_lora import run_steps  # noqa: E402
 
 
 def build_runs(args: argparse.Namespace) -> dict[str, dict]:
@@ -54,7 +55,7 @@ def build_runs(args: argparse.Namespace) -> dict[str, dict]:
         start = time.perf_counter()
         state, metrics = step(state, batches[0])
         jax.block_until_ready(metrics)
-        runs[name] = {"step": step, "state": state, "batches": batches, "i": 1,
+        runs[name] = {"step": step, "state": state, "placed": batches, "i": 1,
                       "first_step_s": time.perf_counter() - start}  # fmt: skip
     return runs
 
@@ -68,25 +69,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="rows per step")
     args = parser.parse_args()
     bench = Bench("scan_step", cpus=args.cpus, threads=args.threads)
-    import jax
-
     runs = build_runs(args)
 
     def contender(name: str):  # type: ignore[no-untyped-def]
-        run = runs[name]
-
-        def call() -> list[float]:
-            times = []
-            for _ in range(args.steps):
-                batch = run["batches"][run["i"] % len(run["batches"])]
-                run["i"] += 1
-                start = time.perf_counter()
-                run["state"], metrics = run["step"](run["state"], batch)
-                jax.block_until_ready(metrics)
-                times.append(time.perf_counter() - start)
-            return times
-
-        return call
+        return lambda: run_steps(runs[name], args.steps)
 
     times = bench.rounds({n: contender(n) for n in runs}, rounds=args.rounds)
     bench.say(f"Trainer step, qwen3 256x{args.layers}, batch {args.batch}, seq_len {args.seq_len}")

@@ -141,7 +141,6 @@ def load_pretrained(directory: str | os.PathLike[str], *, dtype: Any = "float32"
         for spec in specs:  # one host tensor at a time, freed once its jax array is made
             array = arrays.pop(spec.name).astype(np.float32, copy=False)
             _set(params, spec.path, jax.numpy.asarray(array.T if spec.transpose else array))
-            del array
     if config.tie_embeddings and "lm_head.weight" in files:
         head = safetensors_io.load(files["lm_head.weight"], ["lm_head.weight"])["lm_head.weight"]
         if not np.array_equal(head.astype(np.float32), params["embed_tokens"]["embedding"]):
