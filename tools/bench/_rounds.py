@@ -208,6 +208,22 @@ def cpu_info() -> dict[str, Any]:
     return info
 
 
+def accelerator_info() -> dict[str, Any]:
+    """The accelerator JAX runs on: device kind and count, and ``nvidia-smi``'s line if any."""
+    import jax
+
+    info: dict[str, Any] = {"jax": jax.__version__, "kinds": [d.device_kind for d in jax.devices()]}
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        info["nvidia_smi"] = done.stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        info["nvidia_smi"] = []
+    return info
+
+
 def thread_env(threads: int) -> dict[str, str]:
     """Environment for one thread count on both sides (XLA here, torch in the children)."""
     env = {
@@ -243,7 +259,12 @@ def parse_cpus(cpus: str) -> set[int]:
 
 
 def reference_python() -> str:
-    """The reference interpreter (torch CPU, transformers, TRL, verl): tools/reference_env.sh."""
+    """The reference interpreter (torch CPU, transformers, TRL, verl): tools/reference_env.sh.
+
+    ``DEW_REFERENCE_PYTHON`` names another one instead (an accelerator machine's own torch).
+    """
+    if os.environ.get("DEW_REFERENCE_PYTHON"):
+        return os.environ["DEW_REFERENCE_PYTHON"]
     done = subprocess.run(["bash", str(ROOT / "tools" / "reference_env.sh")], check=True,
                           capture_output=True, text=True)  # fmt: skip
     return done.stdout.strip().splitlines()[-1]
@@ -328,8 +349,10 @@ class Bench:
     Create it before importing jax (the thread flags are read when XLA starts).
     """
 
-    def __init__(self, name: str, cpus: str = "", threads: int = 0) -> None:
-        self.name = name
+    def __init__(self, name: str, cpus: str = "", threads: int = 0, device: str = "cpu") -> None:
+        # A run on an accelerator keeps its own record beside the CPU one (``<name>_cuda``).
+        self.name = name if device == "cpu" else f"{name}_{device}"
+        self.device = device
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, parse_cpus(cpus))
         pinned = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
@@ -340,7 +363,9 @@ class Bench:
             )
         self.threads = threads if threads > 0 else pinned
         os.environ.update(thread_env(self.threads))
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("JAX_PLATFORMS", device)
+        if device != "cpu":  # the torch worker shares the card: JAX takes memory as it goes
+            os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         # A first step or compile time measures a fresh compile, not a hit in the persistent
         # cache a Trainer turns on (dew.compile_cache); DEW_COMPILE_CACHE=1 measures hits.
         os.environ.setdefault("DEW_COMPILE_CACHE", "0")
@@ -404,6 +429,7 @@ class Bench:
             "started_unix": self.started,
             "seconds": time.time() - self.started,
             "machine": cpu_info(),
+            "accelerator": accelerator_info() if self.device != "cpu" else None,
             "threads": self.threads,
             "env": {
                 k: os.environ.get(k, "")
@@ -445,16 +471,17 @@ def add_arguments(parser: Any, rounds: int = 5) -> None:
                         "0: one per pinned CPU")  # fmt: skip
 
 
-def jnp_dot_peak(flops: float, reps: int = 10) -> Callable[[], float]:
-    """A contender giving the seconds ``flops`` take at ``jnp.dot``'s float32 rate, measured
-    each call over ``reps`` 1024-square products (compiled once here). The reference workers'
-    side is ``torch_matmul_peak`` in ``WORKER_LOOP``."""
+def jnp_dot_peak(flops: float, reps: int = 10, device: str = "cpu") -> Callable[[], float]:
+    """A contender giving the seconds ``flops`` take at ``jnp.dot``'s peak rate, measured each
+    call over ``reps`` square products (compiled once here): float32 1024-square on a CPU,
+    bfloat16 8192-square on an accelerator (the shape and type its matrix units peak at). The
+    reference workers' side is ``torch_matmul_peak`` in ``WORKER_LOOP``."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
-    n = 1024
-    square = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+    n, dtype = (1024, jnp.float32) if device == "cpu" else (8192, jnp.bfloat16)
+    square = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
     dot = jax.jit(lambda x, y: x @ y)
     dot(square, square).block_until_ready()
 
@@ -483,14 +510,20 @@ def serve(handlers, info):
         except Exception:
             reply = {"error": traceback.format_exc()[-3000:]}
         print(json.dumps(reply), flush=True)
-def torch_matmul_peak(torch, reps):
-    '''torch's float32 matmul rate, FLOP/s, over a 1024-square product (as jnp_dot_peak).'''
-    n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def torch_matmul_peak(torch, reps, device="cpu"):
+    '''torch's matmul rate, FLOP/s (as jnp_dot_peak): float32 1024-square on a CPU,
+    bfloat16 8192-square on an accelerator.'''
+    n, dtype = (1024, torch.float32) if device == "cpu" else (8192, torch.bfloat16)
+    a, b = torch.randn(n, n, dtype=dtype, device=device), torch.randn(n, n, dtype=dtype, device=device)
     a @ b
+    sync(torch, device)
     t = time.perf_counter()
     for _ in range(reps): a @ b
+    sync(torch, device)
     return {"flops_per_s": 2 * n ** 3 * reps / (time.perf_counter() - t)}
+def sync(torch, device):
+    if device != "cpu":
+        torch.cuda.synchronize()
 def torch_threads(torch):
     n = int(os.environ.get("DEW_BENCH_THREADS", "0"))
     if n > 0:

@@ -17,8 +17,16 @@ SHAPES = {
 
 
 def add_model_arguments(parser: Any) -> None:
-    """The model flags of the model benches, defined once: --shape (a key of SHAPES), --dtype."""
+    """The model flags of the model benches, defined once: --shape (a key of SHAPES), --dtype,
+    --device."""
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
                         help="random Qwen3 shape: small (5.2M parameters) or qwen3-0.6b")  # fmt: skip
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="compute dtype of every contender (Dew keeps float32 parameters)")  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides run: cpu, or cuda (torch's cuda device and JAX's "
+                        "cuda platform on one card; the record is <bench>_cuda.json)")  # fmt: skip
+    parser.add_argument("--peak-tflops", type=float, default=0.0,
+                        help="the card's datasheet dense rate for --dtype, TFLOP/s (e.g. 989 "
+                        "for bf16 on an H100/H200 SXM): prints each contender's model FLOPs "
+                        "utilisation (MFU) against it")  # fmt: skip

@@ -56,12 +56,13 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 threads = torch_threads(torch)
 directory, prompt_len, cfg, dtype = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+device = sys.argv[5]
 torch.manual_seed(0)
 config = Qwen3Config(**cfg, max_position_embeddings=1024, tie_word_embeddings=True, rope_theta=10000.0)
 model = Qwen3ForCausalLM(config).float().eval()
 model.save_pretrained(directory)
 params = sum(p.numel() for p in model.parameters())
-model = model.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+model = model.to(torch.bfloat16 if dtype == "bfloat16" else torch.float32).to(device)
 import transformers
 gen = torch.Generator().manual_seed(1)
 V = cfg["vocab_size"]
@@ -73,27 +74,29 @@ def generate(ids, n):
 def best(fn, repeats):
     walls = []
     for _ in range(repeats):
-        w = time.perf_counter(); fn(); walls.append(time.perf_counter() - w)
+        sync(torch, device)
+        w = time.perf_counter(); fn(); sync(torch, device); walls.append(time.perf_counter() - w)
     return {"s": min(walls)}
 def decode(batch, new_tokens, repeats):
     if batch not in prompts:
-        prompts[batch] = torch.randint(1, V, (batch, prompt_len), generator=gen)
+        prompts[batch] = torch.randint(1, V, (batch, prompt_len), generator=gen).to(device)
         generate(prompts[batch], 4)
     return best(lambda: generate(prompts[batch], new_tokens), repeats)
-long_ids = torch.randint(1, V, (8, 512), generator=gen)
+long_ids = torch.randint(1, V, (8, 512), generator=gen).to(device)
 def prefill(repeats):
     def forward():
         with torch.no_grad():
             model(long_ids, use_cache=True)
     return best(forward, repeats)
-one = torch.randint(1, V, (1, prompt_len), generator=gen)
+one = torch.randint(1, V, (1, prompt_len), generator=gen).to(device)
 def ttft(repeats):
     return best(lambda: generate(one, 1), repeats)
 generate(one, 4)
 serve({"decode": decode, "prefill": prefill, "ttft": ttft,
-       "peak": lambda reps: torch_matmul_peak(torch, reps)},
+       "peak": lambda reps: torch_matmul_peak(torch, reps, device)},
       {"params": params, "torch": torch.__version__, "threads": threads,
-       "transformers": transformers.__version__})
+       "transformers": transformers.__version__,
+       "device": torch.cuda.get_device_name() if device != "cpu" else "cpu"})
 """
 )
 
@@ -109,7 +112,7 @@ def main() -> None:
     parser.add_argument("--no-compiles", action="store_true",
                         help="skip the 100-prompt compile count")  # fmt: skip
     args = parser.parse_args()
-    bench = Bench("generation", args.cpus, args.threads)  # before jax starts
+    bench = Bench("generation", args.cpus, args.threads, args.device)  # before jax starts
 
     import jax
     import jax.numpy as jnp
@@ -124,7 +127,7 @@ def main() -> None:
     vocab = cfg["vocab_size"]
     with tempfile.TemporaryDirectory() as directory:
         worker = Worker([reference_python(), "-c", REFERENCE, directory, str(PROMPT_LEN),
-                         json.dumps(cfg), args.dtype])  # fmt: skip
+                         json.dumps(cfg), args.dtype, args.device])  # fmt: skip
         try:
             info = worker.info
             pre = models.load_pretrained(directory)
@@ -190,7 +193,7 @@ def main() -> None:
             ]
             contenders["dew ttft"] = lambda: best(first_token)
             flops = prefill_flops(info["params"], cfg, 8, 512)
-            contenders["jnp.dot peak"] = jnp_dot_peak(flops)
+            contenders["jnp.dot peak"] = jnp_dot_peak(flops, device=args.device)
             contenders["torch matmul peak"] = lambda: (
                 flops / worker.ask(op="peak", reps=10)["flops_per_s"]
             )
@@ -201,7 +204,8 @@ def main() -> None:
     bench.say(
         f"model: Qwen3 '{args.shape}' {info['params'] / 1e6:.2f}M params, {args.dtype}; "
         f"transformers {info['transformers']} torch {info['torch']} ({info['threads']} threads); "
-        f"jax {jax.__version__} on {jax.devices()[0].platform}; {args.rounds} rounds, best of "
+        f"jax {jax.__version__} on {jax.devices()[0].platform} ({jax.devices()[0].device_kind}),"
+        f" torch on {info.get('device', 'cpu')}; {args.rounds} rounds, best of "
         f"{args.repeats} per round; prompt {PROMPT_LEN}, {args.new_tokens} new tokens per "
         "request, prefill included; ratios are transformers / Dew time (above 1: Dew faster)"
     )

@@ -57,7 +57,7 @@ import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM, TrainerCallback
 threads = torch_threads(torch)
 directory, B, T, cfg, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
-tok_dir = sys.argv[6]
+tok_dir, device = sys.argv[6], sys.argv[7]
 torch.manual_seed(0)
 config = Qwen3Config(**cfg, max_position_embeddings=max(1024, T), tie_word_embeddings=True, rope_theta=10000.0)
 model = Qwen3ForCausalLM(config).float()
@@ -67,54 +67,67 @@ torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
 gen = torch.Generator().manual_seed(1)
 rows = torch.randint(1, cfg["vocab_size"], (B * 16, T), generator=gen)
 
-m = Qwen3ForCausalLM(config).to(torch_dtype); m.load_state_dict(model.state_dict()); m.train()
+m = Qwen3ForCausalLM(config).to(torch_dtype); m.load_state_dict(model.state_dict()); m.to(device).train()
 opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 cursor = [0]
 def torch_steps(steps):
     times = []
     for _ in range(steps):
         i = cursor[0] % 16; cursor[0] += 1
-        ids = rows[i * B:(i + 1) * B]
+        ids = rows[i * B:(i + 1) * B].to(device)
+        sync(torch, device)
         t = time.perf_counter()
         loss = m(input_ids=ids, labels=ids).loss
         loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        sync(torch, device)
         times.append(time.perf_counter() - t)
     return {"step_s": times}
 
 # TRL's SFTTrainer runs in a thread; a callback pauses it after the steps a round asked for.
-from datasets import Dataset
-from trl import SFTConfig, SFTTrainer
-from transformers import PreTrainedTokenizerFast
-import trl
-tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)  # only pads; rows are pre-tokenised
-budget, go, done, stamps = [0], threading.Event(), threading.Event(), []
-class Gate(TrainerCallback):
-    def on_step_end(self, args, state, control, **kw):
-        stamps.append(time.perf_counter())
-        budget[0] -= 1
-        if budget[0] <= 0:
-            done.set(); go.wait(); go.clear()
+try:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+    import trl
+except ImportError as error:  # a machine without TRL (an accelerator's image) still runs the rest
+    trl = None
+    print(f"TRL not importable, its contender is skipped: {error}", file=sys.stderr, flush=True)
+if trl is not None:
+    from transformers import PreTrainedTokenizerFast
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(tok_dir)  # only pads; rows are pre-tokenised
+    budget, go, done, stamps = [0], threading.Event(), threading.Event(), []
+    class Gate(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            sync(torch, device)  # on an accelerator: the step's kernels have finished
             stamps.append(time.perf_counter())
-m2 = Qwen3ForCausalLM(config).to(torch_dtype); m2.load_state_dict(model.state_dict())
-tmp = tempfile.mkdtemp()
-ds = Dataset.from_dict({"input_ids": rows.tolist()})
-sft_args = SFTConfig(output_dir=tmp, per_device_train_batch_size=B, max_steps=1_000_000, max_length=T,
-                     packing=False, learning_rate=1e-4, optim="adamw_torch", report_to="none",
-                     logging_strategy="no", save_strategy="no", use_cpu=True, dataloader_num_workers=0,
-                     lr_scheduler_type="constant", warmup_steps=0, bf16=dtype == "bfloat16",
-                     disable_tqdm=True)
-trainer = SFTTrainer(model=m2, args=sft_args, train_dataset=ds, processing_class=tokenizer, callbacks=[Gate()])
-budget[0] = 2
-threading.Thread(target=trainer.train, daemon=True).start()
-done.wait(); done.clear()  # two warm-up steps
-def trl_steps(steps):
-    stamps.clear(); budget[0] = steps; go.set(); done.wait(); done.clear()
-    return {"step_s": [b - a for a, b in zip(stamps[:-1], stamps[1:])]}
+            budget[0] -= 1
+            if budget[0] <= 0:
+                done.set(); go.wait(); go.clear()
+                stamps.append(time.perf_counter())
+    m2 = Qwen3ForCausalLM(config).to(torch_dtype); m2.load_state_dict(model.state_dict()); m2.to(device)
+    tmp = tempfile.mkdtemp()
+    ds = Dataset.from_dict({"input_ids": rows.tolist()})
+    sft_args = SFTConfig(output_dir=tmp, per_device_train_batch_size=B, max_steps=1_000_000, max_length=T,
+                         packing=False, learning_rate=1e-4, optim="adamw_torch", report_to="none",
+                         logging_strategy="no", save_strategy="no", use_cpu=device == "cpu", dataloader_num_workers=0,
+                         lr_scheduler_type="constant", warmup_steps=0, bf16=dtype == "bfloat16",
+                         disable_tqdm=True)
+    trainer = SFTTrainer(model=m2, args=sft_args, train_dataset=ds, processing_class=tokenizer, callbacks=[Gate()])
+    budget[0] = 2
+    threading.Thread(target=trainer.train, daemon=True).start()
+    done.wait(); done.clear()  # two warm-up steps
+    def trl_steps(steps):
+        stamps.clear(); budget[0] = steps; go.set(); done.wait(); done.clear()
+        return {"step_s": [b - a for a, b in zip(stamps[:-1], stamps[1:])]}
 torch_steps(2)
 import transformers
-serve({"torch": torch_steps, "trl": trl_steps, "peak": lambda reps: torch_matmul_peak(torch, reps)},
-      {"params": params, "torch": torch.__version__, "threads": threads, "trl": trl.__version__,
-       "transformers": transformers.__version__})
+handlers = {"torch": torch_steps, "peak": lambda reps: torch_matmul_peak(torch, reps, device)}
+if trl is not None:
+    handlers["trl"] = trl_steps
+serve(handlers,
+      {"params": params, "torch": torch.__version__, "threads": threads,
+       "trl": trl.__version__ if trl is not None else None,
+       "transformers": transformers.__version__,
+       "device": torch.cuda.get_device_name() if device != "cpu" else "cpu"})
 """
 )
 
@@ -229,7 +242,7 @@ def main() -> None:
     if args.serve_dew:
         serve_dew(args)
         return
-    bench = Bench("sft", args.cpus, args.threads)  # before jax starts: pins and thread flags
+    bench = Bench("sft", args.cpus, args.threads, args.device)  # before jax: pins, thread flags
 
     import jax
 
@@ -237,7 +250,7 @@ def main() -> None:
     tok = str(ROOT / "tests" / "fixtures" / "chat" / "tokenizer")
     with tempfile.TemporaryDirectory() as directory:
         worker = Worker([reference_python(), "-c", REFERENCE, directory, str(b), str(t),
-                         json.dumps(cfg), args.dtype, tok])  # fmt: skip
+                         json.dumps(cfg), args.dtype, tok, args.device])  # fmt: skip
         base = None
         try:
             info = worker.info
@@ -254,7 +267,11 @@ def main() -> None:
                 return flops / worker.ask(op="peak", reps=10)["flops_per_s"]
 
             contenders = {
-                "trl": lambda: worker.ask(op="trl", steps=args.steps)["step_s"],
+                **(
+                    {"trl": lambda: worker.ask(op="trl", steps=args.steps)["step_s"]}
+                    if info["trl"]
+                    else {}
+                ),  # fmt: skip
                 "torch": lambda: worker.ask(op="torch", steps=args.steps)["step_s"],
                 **{name: dew_steps(name) for name in runs},
                 **(
@@ -262,7 +279,7 @@ def main() -> None:
                     if base is None
                     else {base_label: lambda: base.ask(op="steps", name="dew")["step_s"]}
                 ),  # fmt: skip
-                "jnp.dot peak": jnp_dot_peak(flops),
+                "jnp.dot peak": jnp_dot_peak(flops, device=args.device),
                 "torch matmul peak": torch_peak,
             }
             for fn in contenders.values():  # one untimed pass: warm caches and allocators
@@ -277,14 +294,18 @@ def main() -> None:
         f"model: Qwen3 '{args.shape}' {info['params'] / 1e6:.2f}M parameters, [{b}, {t}] tokens "
         f"per step, AdamW, {args.dtype} compute; torch {info['torch']} ({info['threads']} "
         f"threads), TRL {info['trl']}, transformers {info['transformers']}, JAX {jax.__version__} "
-        f"on {jax.devices()[0].platform}; {args.rounds} rounds x {args.steps} steps, interleaved"
+        f"on {jax.devices()[0].platform} ({jax.devices()[0].device_kind}), torch on "
+        f"{info.get('device', 'cpu')}; {args.rounds} rounds x {args.steps} steps, interleaved"
     )
     if args.base:
         bench.say(f"  {base_label}: dew imported from {info['base']['dew_models']} (a worker)")
     bench.say("step time per contender (peaks: the time the step's FLOPs take at that peak):")
     for name, values in times.items():
-        bench.show(name, values, extra=f"{tokens / spread(values).median:9.0f} tokens/s")
-    bench.compare("TRL SFTTrainer / dew (step time)", times["trl"], times["dew"], GOAL_TRL)
+        median = spread(values).median
+        mfu = f"  MFU {flops / median / (args.peak_tflops * 1e12):.3f}" if args.peak_tflops else ""
+        bench.show(name, values, extra=f"{tokens / median:9.0f} tokens/s{mfu}")
+    if "trl" in times:
+        bench.compare("TRL SFTTrainer / dew (step time)", times["trl"], times["dew"], GOAL_TRL)
     bench.compare("torch loop / dew (step time)", times["torch"], times["dew"], GOAL_TORCH)
     bench.compare("dew share of same-round jnp.dot peak", times["jnp.dot peak"], times["dew"],
                   GOAL_PEAK)  # fmt: skip
@@ -292,8 +313,9 @@ def main() -> None:
                   times["torch"])  # fmt: skip
     # The highest ratios a Dew step running at the jnp.dot peak reaches: a ceiling below a
     # goal means no Dew step on this machine meets that goal.
-    bench.compare("ceiling: TRL SFTTrainer / jnp.dot peak time", times["trl"],
-                  times["jnp.dot peak"], GOAL_TRL)  # fmt: skip
+    if "trl" in times:
+        bench.compare("ceiling: TRL SFTTrainer / jnp.dot peak time", times["trl"],
+                      times["jnp.dot peak"], GOAL_TRL)  # fmt: skip
     bench.compare("ceiling: torch loop / jnp.dot peak time", times["torch"],
                   times["jnp.dot peak"], GOAL_TORCH)  # fmt: skip
     if args.base:
