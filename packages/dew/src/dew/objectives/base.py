@@ -63,6 +63,8 @@ class Objective(Protocol):
     Optional attribute ``pretrained``: the full variables ``init`` returns, or ``None`` when
     ``init`` builds fresh ones. When it is set the Trainer runs ``init`` outside ``jit``, so
     the weights are not compiled into the program as constants (``starts_from_variables``).
+    A Trainer made with ``consume_pretrained=True`` sets it (and ``critic_pretrained``) to
+    ``None`` once its first state owns those arrays (``release_pretrained``).
 
     Optional method ``reference_variables(variables)``: the part of the variables kept as the
     frozen reference (see the EMA rule above); the Trainer's init reads it.
@@ -119,6 +121,48 @@ def initial_variables(model: Any, pretrained: Any, key: jax.Array, length: int) 
     return dict(model.init(key, jnp.zeros((1, length), jnp.int32)))
 
 
+#: The fields through which an objective holds its starting variables.
+PRETRAINED_FIELDS = ("pretrained", "critic_pretrained")
+
+
+def _is_objective(value: Any) -> bool:
+    """Whether ``value`` is an objective instance (its class defines ``init`` and ``loss``)."""
+    kind = type(value)
+    return not isinstance(value, type) and all(
+        callable(getattr(kind, name, None)) for name in ("init", "loss")
+    )
+
+
+def release_pretrained(objective: Any) -> int:
+    """Drop the references ``objective`` keeps to its starting variables; the count dropped.
+
+    Every ``PRETRAINED_FIELDS`` entry of the objective's own attributes that is set becomes
+    ``None``, and the same is done for each objective it holds in an attribute (the wrapped
+    objective and policy copy of ``LoraObjective``, the policy half of ``PPOObjective``),
+    found by walking instance attributes, so no wrapper class needs to cooperate. A field
+    that cannot be assigned (a frozen dataclass) is left as it is. Afterwards ``init`` of
+    these objectives builds fresh variables, and something else (the Trainer's first state)
+    must own the arrays: ``Trainer(consume_pretrained=True)`` calls this once it does.
+    """
+    pending, seen, dropped = [objective], set(), 0
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        fields = getattr(node, "__dict__", {})
+        for name in PRETRAINED_FIELDS:
+            if fields.get(name) is None:
+                continue
+            try:
+                setattr(node, name, None)
+            except (AttributeError, TypeError):  # frozen: the Trainer still owns the buffers
+                continue
+            dropped += 1
+        pending.extend(v for v in fields.values() if _is_objective(v))
+    return dropped
+
+
 def validate_ema_decay(value: float | None, *, field: str = "ema_decay") -> float | None:
     """Check an EMA decay: ``None``, ``1.0`` or a float in ``(0, 1)``; return it as float."""
     if value is None:
@@ -148,8 +192,10 @@ __all__ = [
     "Batch",
     "Metrics",
     "Objective",
+    "PRETRAINED_FIELDS",
     "Variables",
     "initial_variables",
+    "release_pretrained",
     "starts_from_variables",
     "token_fields_of",
     "validate_ema_decay",

@@ -19,6 +19,7 @@ from dew.data.dataset import Dataset, Partition
 from dew.mesh import data_mesh, global_batch, replicated, state_shardings
 from dew.objectives.base import (
     Objective,
+    release_pretrained,
     starts_from_variables,
     validate_ema_decay,
 )
@@ -28,7 +29,7 @@ from dew.trainer import checkpoint as ckpt
 from dew.trainer import frozen
 from dew.trainer.fit_run import FitRun, NonFiniteLossError
 from dew.trainer.signals import StopRequest, TrainingInterrupted
-from dew.trainer.state import TrainState
+from dew.trainer.state import TrainState, take_over
 from dew.trainer.step import make_init, make_step
 from dew.trainer.tracker import Tracker, make_tracker
 
@@ -82,6 +83,17 @@ class Trainer:
         validation is due (``fit(eval_every=...)``), after the objective's own ``evaluate``;
         its metrics join the record as ``val/<name>`` (e.g. a held-out reward of greedy
         completions, ``dew.recipes.reward_eval.HeldOutReward``).
+      consume_pretrained: hand the objective's starting variables (its ``pretrained``) to
+        the first state instead of copying them, so a run holds one copy of the weights, not
+        two. The first ``initial_state()`` (the one ``fit`` makes when given no state) takes
+        the arrays as they are wherever they already lie as the state keeps them (otherwise
+        it moves them and deletes the originals), then drops the objective's references
+        (``dew.objectives.base.release_pretrained``); the first step donates the state, which
+        deletes those buffers for anyone still holding them. A second ``initial_state()``
+        raises: pass the first state to ``fit(state=...)`` instead. Leave it off (the
+        default) when anything reads the pretrained arrays after the Trainer starts (a
+        caller reusing them, a KL-in-reward rollout's reference): then the state gets its
+        own copy. Without ``pretrained`` it changes nothing.
 
     Making a Trainer turns on JAX's persistent compilation cache (``dew.compile_cache``)
     unless this process already chose (``dew.compile_cache.configure``, the ``dew`` command
@@ -105,6 +117,7 @@ class Trainer:
         learning_rate: float | Callable[[int], Any] | None = None,
         progress: bool | None = None,
         evaluator: Callable[[Any], Mapping[str, float]] | None = None,
+        consume_pretrained: bool = False,
     ) -> None:
         if not hasattr(objective, "init") or not hasattr(objective, "loss"):
             raise TypeError(
@@ -130,6 +143,8 @@ class Trainer:
         self.learning_rate = learning_rate
         self.progress = progress
         self.evaluator = evaluator
+        self.consume_pretrained = bool(consume_pretrained)
+        self._took_pretrained = False
         self.mesh = data_mesh(devices)
         if isinstance(key, jax.Array) and not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)
@@ -153,11 +168,29 @@ class Trainer:
             self._shardings = state_shardings(self._abstract, self.mesh, self.fsdp)
 
     def initial_state(self) -> TrainState:
-        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG."""
+        """A fresh TrainState: the objective's variables, optimizer state, EMA and the RNG.
+
+        With ``consume_pretrained`` and an objective that starts from given variables, the
+        state owns those arrays (no copy) and the objective no longer refers to them; a
+        second call then raises ``ValueError``. Otherwise the state gets its own copy.
+        """
+        if self._took_pretrained:
+            raise ValueError(
+                "Trainer(consume_pretrained=True): the first initial_state() took the "
+                "objective's pretrained variables; pass that state to fit(state=...) or build "
+                "a new objective to start again"
+            )
+        taking = self.consume_pretrained and starts_from_variables(self.objective)
         variables = self._variables()
         self._ensure_shardings(variables)
-        init = jax.jit(self._init_fn, out_shardings=self._shardings)
-        return init(variables, self._rng)
+        if not taking:
+            init = jax.jit(self._init_fn, out_shardings=self._shardings)
+            return init(variables, self._rng)
+        state = take_over(self._init_fn, variables, self._rng, self._shardings)
+        del variables
+        release_pretrained(self.objective)
+        self._took_pretrained = True
+        return state
 
     def _step(self) -> Any:
         if self._compiled_step is None:
