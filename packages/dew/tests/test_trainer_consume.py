@@ -3,7 +3,8 @@
 With the opt-in a run holds one copy of its starting weights (at 184M parameters the second
 copy was 0.74 GB of peak memory): the state takes the arrays without copying them and
 the objective lets go of them. Without it the state gets its own copy and the caller's
-arrays stay usable after training.
+arrays stay usable after training. ``dew train`` takes the opt-in when no rollout could
+read the starting weights again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dew.models.lora import LoraConfig
 from dew.objectives.base import release_pretrained
 from dew.objectives.lm import LMObjective
 from dew.objectives.lora import LoraObjective
+from dew.recipes.train import Prepared, owns_start
 from dew.testing import tiny_decoder
 from dew.trainer import Trainer
 from dew.trainer.state import place_owned
@@ -129,3 +131,35 @@ def test_place_owned_copies_a_leaf_that_occurs_twice():
     assert out["a"].unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
     assert out["b"].unsafe_buffer_pointer() != x.unsafe_buffer_pointer()
     np.testing.assert_array_equal(np.asarray(out["b"]), np.arange(8.0))
+
+
+def test_dew_train_consumes_only_without_a_rollout():
+    def prepared(**kwargs):
+        return Prepared(data=None, objective=None, rollout=None, model=None, vocab_size=1,
+                        **kwargs)  # fmt: skip
+
+    assert owns_start(prepared())
+    assert not owns_start(Prepared(data=None, objective=None, rollout=object(), model=None,
+                                   vocab_size=1))  # fmt: skip
+    assert not owns_start(prepared(attach=lambda *args: None))
+
+
+def test_dew_train_from_a_pretrained_directory_hands_the_weights_over(tmp_path, monkeypatch):
+    from dew.cli import main
+    from dew.models import Pretrained, build
+    from dew.trainer import trainer as trainer_module
+
+    model = build("qwen3", vocab_size=64, emb_features=16, num_layers=1, num_heads=2,
+                  num_kv_heads=1, mlp_features=32, max_seq_len=32)  # fmt: skip
+    variables = model.init(jax.random.key(0), np.zeros((1, 4), np.int32))
+    Pretrained.from_model(model, variables).save(tmp_path / "base", dtype="float32")
+    np.arange(1, 60, dtype=np.uint16).tofile(tmp_path / "tokens.bin")
+    released = []
+    real = trainer_module.release_pretrained
+    monkeypatch.setattr(trainer_module, "release_pretrained",
+                        lambda objective: released.append(real(objective)))  # fmt: skip
+    code = main(["train", "lm", "--tokens", str(tmp_path / "tokens.bin"), "--run-dir",
+                 str(tmp_path / "run"), "--steps", "1", "--seq-len", "8", "--batch", "2",
+                 "--pretrained", str(tmp_path / "base")])  # fmt: skip
+    assert code == 0
+    assert released == [1]  # the LMObjective's pretrained, dropped once its state owned it

@@ -259,6 +259,19 @@ def run_train(config: TrainConfig) -> Any:
         return _train(config, prepare(config, stack), stack)
 
 
+def owns_start(prepared: Prepared) -> bool:
+    """Whether the Trainer may take the loaded weights over (``consume_pretrained``).
+
+    True when no rollout runs beside the update (LM, SFT, diffusion and DPO stages, LoRA
+    or not): then nothing but the objective holds the weights ``build_model`` loaded, and a
+    frozen reference (DPO's) is copied into the state, so the first state can own them and
+    the run holds one copy. A rollout (GRPO, PPO, tool episodes, Harbor) may keep the
+    starting weights as its own reference (the KL-in-reward charge), and PPO's critic starts
+    from the same arrays, so those keep the copying default.
+    """
+    return prepared.rollout is None and prepared.attach is None
+
+
 def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack) -> Any:
     """Train what ``prepare`` built; ``stack`` closes the run's engine, fleet and workers."""
     import jax
@@ -280,7 +293,8 @@ def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack)
                       rollout=prepared.rollout, microbatches=r.microbatches, fsdp=r.fsdp,
                       checkpoint_every=r.checkpoint_every, keep_checkpoints=r.keep,
                       tensorboard=r.tensorboard, trackers=r.tracker_names(),
-                      progress=r.progress, evaluator=prepared.evaluator)  # fmt: skip
+                      progress=r.progress, evaluator=prepared.evaluator,
+                      consume_pretrained=owns_start(prepared))  # fmt: skip
     data = prepared.data
     rollout = config.rollout
     attached = rollout is not None and rollout.is_async
@@ -323,5 +337,5 @@ def _train(config: TrainConfig, prepared: Prepared, stack: contextlib.ExitStack)
     return state
 
 
-__all__ = ["Prepared", "check_run_dir", "check_same_run", "move_aside", "prepare",
+__all__ = ["Prepared", "check_run_dir", "check_same_run", "move_aside", "owns_start", "prepare",
            "resume_checkpoint", "run_train", "write_config"]  # fmt: skip
