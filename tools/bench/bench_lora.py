@@ -100,6 +100,8 @@ def moment_bytes(opt_state: Any) -> int:
 def build_dew(directory: str, kind: str, batch: int, seq: int) -> dict[str, Any]:
     """Dew's Trainer on the checkpoint in ``directory``: ``kind`` "dew full" or "dew lora".
 
+    The Trainer takes the loaded weights over (``consume_pretrained``, as ``dew train``
+    does), so the run holds one copy of them, not the loader's beside the state's.
     Returns the compiled step, the state after one (compiling) step, eight placed batches of
     ``[batch, seq + 1]`` random ids and the first step's seconds.
     """
@@ -118,7 +120,7 @@ def build_dew(directory: str, kind: str, batch: int, seq: int) -> dict[str, Any]
     if kind == "dew lora":
         objective = LoraObjective(objective, lora_config())
     trainer = Trainer(objective, optax.adamw(1e-4), key=jax.random.key(0),
-                      devices=jax.devices()[:1])  # fmt: skip
+                      devices=jax.devices()[:1], consume_pretrained=True)  # fmt: skip
     rng = np.random.default_rng(1)
     vocab = pre.model.config.vocab_size
     placed = [global_batch({"text": rng.integers(1, vocab, (batch, seq + 1)).astype(np.int32)},

@@ -102,7 +102,8 @@ else:
 
 
 def build_remat(directory: str, batch: int, seq: int) -> dict[str, Any]:
-    """bench_lora's full Dew run, with every decoder layer under ``remat="full"``."""
+    """bench_lora's full Dew run (the Trainer takes the loaded weights over), with every
+    decoder layer under ``remat="full"``."""
     import jax
     import numpy as np
     import optax
@@ -116,7 +117,7 @@ def build_remat(directory: str, batch: int, seq: int) -> dict[str, Any]:
     model = models.build("qwen3", config=dataclasses.replace(pre.model.config, remat="full"))
     objective = LMObjective(model, seq, pretrained=dict(pre.variables), ema_decay=None)
     trainer = Trainer(objective, optax.adamw(1e-4), key=jax.random.key(0),
-                      devices=jax.devices()[:1])  # fmt: skip
+                      devices=jax.devices()[:1], consume_pretrained=True)  # fmt: skip
     rng = np.random.default_rng(1)
     vocab = model.config.vocab_size
     placed = [global_batch({"text": rng.integers(1, vocab, (batch, seq + 1)).astype(np.int32)},
