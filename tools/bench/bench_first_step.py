@@ -4,6 +4,7 @@ compilation cache (``dew.compile_cache``).
 Run from the repository root with the workspace interpreter:
 
     .venv/bin/python tools/bench/bench_first_step.py [--rounds 3] [--cpus 0,1] [--threads 2]
+        [--device cpu|cuda] [--model-args "--emb-features 1024 ..."] [--contenders warm,...]
 
 Each contender is a fresh ``dew train lm --steps 1`` process (a random token file, the
 default ``qwen3`` shape: width 256, 4 layers, 4 heads; ``--seq-len`` and ``--batch``), in
@@ -13,7 +14,11 @@ interleaved rounds (tools/bench/_rounds.py):
 * ``warm``: a cache directory filled once before the rounds, so every program is a hit;
 * ``off``: ``--no-compile-cache``;
 * ``cold scan``: as ``cold`` with ``--scan-layers`` (``dew.models.scan``: one compiled layer
-  body looped over instead of one copy per layer).
+  body looped over instead of one copy per layer);
+* ``warm scan``: as ``warm`` with ``--scan-layers`` (its own cache, filled before the rounds).
+
+``--contenders`` picks some of them; ``--device cuda`` runs JAX on its cuda platform and
+``--model-args`` passes model flags to every run (``--pretrained DIR`` for a checkpoint's shape).
 
 Printed per contender: the first step (from the start of ``fit`` to the first logged step:
 state init, compile and one update; read from ``metrics.jsonl`` as the step's tokens over
@@ -62,7 +67,8 @@ def one_run(
     command = [sys.executable, "-c", CHILD, "train", "lm", "--tokens", str(work / "tokens.npy"),
                "--run-dir", str(run_dir / "run"), "--steps", "1", "--batch", str(args.batch),
                "--seq-len", str(args.seq_len), "--log-every", "1", "--compile-cache", *flags]  # fmt: skip
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    command += args.model_args.split()
+    env = {**os.environ, "JAX_PLATFORMS": args.device}
     env.pop("DEW_COMPILE_CACHE", None)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
@@ -78,48 +84,73 @@ def one_run(
             "hits": result["hits"], "misses": result["misses"], "entries": entries}  # fmt: skip
 
 
+NAMES = ("cold", "warm", "off", "cold scan", "warm scan")
+
+
+def scan_flag(name: str) -> tuple[str, ...]:
+    """The extra flag of a contender: ``--scan-layers`` for the ``... scan`` ones."""
+    return ("--scan-layers",) if name.endswith("scan") else ()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(parser, rounds=3)
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per row")
     parser.add_argument("--batch", type=int, default=4, help="rows per step")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="JAX platform of the runs (cuda: record first_step_cuda.json)")  # fmt: skip
+    parser.add_argument("--model-args", default="",
+                        help="model flags for every run, e.g. '--emb-features 1024 --layers 28' "
+                        "(default: the CLI's own small qwen3)")  # fmt: skip
+    parser.add_argument("--contenders", default=",".join(NAMES),
+                        help=f"which of {', '.join(NAMES)} to run (comma-separated)")  # fmt: skip
     args = parser.parse_args()
-    bench = Bench("first_step", cpus=args.cpus, threads=args.threads)
+    names = tuple(args.contenders.split(","))
+    if not names or set(names) - set(NAMES):
+        parser.error(
+            f"--contenders: expected names from {', '.join(NAMES)}, got {args.contenders!r}"
+        )
+    bench = Bench("first_step", cpus=args.cpus, threads=args.threads, device=args.device)
     import numpy as np
 
     work = Path(tempfile.mkdtemp(prefix="dew-first-step-"))
     rng = np.random.default_rng(0)
     np.save(work / "tokens.npy", rng.integers(0, 4096, 200_000).astype(np.uint16))
-    warm_cache = work / "warm-cache"
-    primed = one_run(work, "prime", warm_cache, args)
-    bench.say(f"primed the warm cache: {primed['entries']} entries, {primed['misses']} misses")
+    warm_caches: dict[str, Path] = {}
+    for name in names:  # each warm contender's cache, filled once before the rounds
+        if name.startswith("warm"):
+            warm_caches[name] = work / f"{name.replace(' ', '-')}-cache"
+            primed = one_run(work, "prime", warm_caches[name], args, scan_flag(name))
+            bench.say(f"primed the {name} cache: {primed['entries']} entries, "
+                      f"{primed['misses']} misses")  # fmt: skip
     counts: dict[str, list[tuple[int, int, int]]] = {}
 
     def contender(name: str):
         def run() -> dict[str, float]:
-            cold = name.startswith("cold")
-            cache = Path(tempfile.mkdtemp(prefix="cold-cache-", dir=work)) if cold else {
-                "warm": warm_cache, "off": None}[name]  # fmt: skip
-            extra = ("--scan-layers",) if name.endswith("scan") else ()
+            cache = Path(tempfile.mkdtemp(prefix="cold-cache-", dir=work)) if name.startswith(
+                "cold") else warm_caches.get(name)  # fmt: skip
+            extra = scan_flag(name)
             got = one_run(work, name, cache, args, extra)
             counts.setdefault(name, []).append((got["hits"], got["misses"], got["entries"]))
             return {"first step": got["first step"], "process": got["process"]}
 
         return run
 
-    names = ("cold", "warm", "off", "cold scan")
     times = bench.rounds({n: contender(n) for n in names}, rounds=args.rounds)
-    bench.say(f"dew train lm --steps 1, qwen3 256x4, batch {args.batch}, seq_len {args.seq_len}")
+    shape = args.model_args or "qwen3 256x4"
+    bench.say(f"dew train lm --steps 1, {shape}, batch {args.batch}, seq_len {args.seq_len}, "
+              f"JAX on {args.device}")  # fmt: skip
     for name in names:
         for part in ("first step", "process"):
             bench.show(f"{name} {part}", times[f"{name} {part}"], scale=1.0, unit=" s", digits=2)
         hits = ", ".join(f"{h} hits/{m} misses/{e} entries" for h, m, e in counts[name])
         bench.say(f"  {name} cache per round: {hits}")
     for part in ("first step", "process"):
-        bench.compare(f"{part}: cold / warm", times[f"cold {part}"], times[f"warm {part}"])
-        bench.compare(f"{part}: off / warm", times[f"off {part}"], times[f"warm {part}"])
-        bench.compare(f"{part}: cold scan / cold", times[f"cold scan {part}"],
-                      times[f"cold {part}"])  # fmt: skip
+        pairs = (("cold", "warm"), ("off", "warm"), ("cold scan", "cold"),
+                 ("cold scan", "warm scan"), ("warm", "warm scan"))  # fmt: skip
+        for a, b in pairs:
+            if a in names and b in names:
+                bench.compare(f"{part}: {a} / {b}", times[f"{a} {part}"], times[f"{b} {part}"])
     bench.finish({"seq_len": args.seq_len, "batch": args.batch, "counts": counts})
 
 
