@@ -130,3 +130,15 @@ def test_model_arguments_are_defined_once_for_the_model_benches():
     for bench in ("bench_sft.py", "bench_generation.py"):
         text = (PATH.parent / bench).read_text()
         assert "add_model_arguments(parser)" in text and "SHAPES = {" not in text
+
+
+def test_device_argument_is_defined_once():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    rounds.add_device_argument(parser)
+    assert parser.parse_args(["--device", "cuda"]).device == "cuda"
+    assert parser.parse_args([]).device == "cpu"
+    for bench in ("_shapes.py", "bench_first_step.py"):
+        text = (PATH.parent / bench).read_text()
+        assert "add_device_argument(parser)" in text and '"--device"' not in text

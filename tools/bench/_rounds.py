@@ -471,6 +471,15 @@ def add_arguments(parser: Any, rounds: int = 5) -> None:
                         "0: one per pinned CPU")  # fmt: skip
 
 
+def add_device_argument(parser: Any) -> None:
+    """The --device flag, defined once for every bench that takes it (the model benches through
+    ``_shapes.add_model_arguments``, and ``bench_first_step``)."""
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the bench runs: cpu, or cuda (JAX's cuda platform, and "
+                        "torch's cuda device where a bench has a torch side, on one card; the "
+                        "record is <bench>_cuda.json)")  # fmt: skip
+
+
 def jnp_dot_peak(flops: float, reps: int = 10, device: str = "cpu") -> Callable[[], float]:
     """A contender giving the seconds ``flops`` take at ``jnp.dot``'s peak rate, measured each
     call over ``reps`` square products (compiled once here): float32 1024-square on a CPU,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from _rounds import add_device_argument
+
 SHAPES = {
     "small": dict(vocab_size=4096, hidden_size=256, intermediate_size=1088, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=64),
@@ -18,14 +20,12 @@ SHAPES = {
 
 def add_model_arguments(parser: Any) -> None:
     """The model flags of the model benches, defined once: --shape (a key of SHAPES), --dtype,
-    --device."""
+    --device (``_rounds.add_device_argument``) and --peak-tflops."""
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small",
                         help="random Qwen3 shape: small (5.2M parameters) or qwen3-0.6b")  # fmt: skip
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                         help="compute dtype of every contender (Dew keeps float32 parameters)")  # fmt: skip
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="where both sides run: cpu, or cuda (torch's cuda device and JAX's "
-                        "cuda platform on one card; the record is <bench>_cuda.json)")  # fmt: skip
+    add_device_argument(parser)
     parser.add_argument("--peak-tflops", type=float, default=0.0,
                         help="the card's datasheet dense rate for --dtype, TFLOP/s (e.g. 989 "
                         "for bf16 on an H100/H200 SXM): prints each contender's model FLOPs "

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _rounds import Bench, add_arguments  # noqa: E402
+from _rounds import Bench, add_arguments, add_device_argument  # noqa: E402
 
 #: The child: ``dew.cli.main`` with JAX's cache events counted.
 CHILD = """
@@ -97,8 +97,7 @@ def main() -> None:
     add_arguments(parser, rounds=3)
     parser.add_argument("--seq-len", type=int, default=128, help="tokens per row")
     parser.add_argument("--batch", type=int, default=4, help="rows per step")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="JAX platform of the runs (cuda: record first_step_cuda.json)")  # fmt: skip
+    add_device_argument(parser)
     parser.add_argument("--model-args", default="",
                         help="model flags for every run, e.g. '--emb-features 1024 --layers 28' "
                         "(default: the CLI's own small qwen3)")  # fmt: skip
@@ -106,7 +105,7 @@ def main() -> None:
                         help=f"which of {', '.join(NAMES)} to run (comma-separated)")  # fmt: skip
     args = parser.parse_args()
     names = tuple(args.contenders.split(","))
-    if not names or set(names) - set(NAMES):
+    if set(names) - set(NAMES):  # an empty value splits to ('',): refused here too
         parser.error(
             f"--contenders: expected names from {', '.join(NAMES)}, got {args.contenders!r}"
         )
