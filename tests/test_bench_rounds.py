@@ -142,3 +142,10 @@ def test_device_argument_is_defined_once():
     for bench in ("_shapes.py", "bench_first_step.py"):
         text = (PATH.parent / bench).read_text()
         assert "add_device_argument(parser)" in text and '"--device"' not in text
+
+
+def test_mfu_is_flops_over_time_over_the_peak():
+    assert rounds.mfu(2e12, 0.5, 8.0) == pytest.approx(0.5)
+    assert rounds.mfu(2e12, 0.5, 0.0) is None
+    assert rounds.mfu_text(2e12, 0.5, 8.0) == "  MFU 0.500"
+    assert rounds.mfu_text(2e12, 0.5, 0.0) == ""

@@ -471,6 +471,18 @@ def add_arguments(parser: Any, rounds: int = 5) -> None:
                         "0: one per pinned CPU")  # fmt: skip
 
 
+def mfu(flops: float, seconds: float, peak_tflops: float) -> float | None:
+    """Model FLOPs utilisation: ``flops`` done in ``seconds`` over a peak of ``peak_tflops``
+    TFLOP/s (``--peak-tflops``); None without a peak (0)."""
+    return flops / seconds / (peak_tflops * 1e12) if peak_tflops > 0 else None
+
+
+def mfu_text(flops: float, seconds: float, peak_tflops: float) -> str:
+    """``"  MFU 0.123"`` for a result line's extra, or ``""`` without a peak."""
+    value = mfu(flops, seconds, peak_tflops)
+    return "" if value is None else f"  MFU {value:.3f}"
+
+
 def add_device_argument(parser: Any) -> None:
     """The --device flag, defined once for every bench that takes it (the model benches through
     ``_shapes.add_model_arguments``, and ``bench_first_step``)."""

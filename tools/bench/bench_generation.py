@@ -22,7 +22,9 @@ for 100 prompts of random lengths. The ``jnp.dot`` and torch matmul peaks (1024-
 float32) run in the same rounds, as the time prefill's FLOPs would take at each: Dew's and
 transformers' shares of them, and the prefill ceiling (transformers' prefill time over the
 ``jnp.dot`` peak time, the ratio a Dew prefill at the peak would reach) are printed, and
-the same ceiling for each decode batch. Record: tools/bench/results/generation.json.
+the same ceiling for each decode batch. With ``--peak-tflops`` (the card's datasheet rate),
+each side's prefill MFU too: prefill FLOPs / median time / peak (record: ``prefill_mfu``).
+Record: tools/bench/results/generation.json.
 """
 
 from __future__ import annotations
@@ -41,7 +43,10 @@ from _rounds import (  # noqa: E402
     Worker,
     add_arguments,
     jnp_dot_peak,
+    mfu,
+    mfu_text,
     reference_python,
+    spread,
 )
 from _shapes import SHAPES, add_model_arguments  # noqa: E402
 
@@ -217,9 +222,12 @@ def main() -> None:
                        extra=f"{tokens / sorted(values)[len(values) // 2]:8.0f} tok/s")  # fmt: skip
         bench.compare(f"decode B={b}", times[f"transformers decode B={b}"],
                       times[f"dew decode B={b}"], GOAL_DECODE)  # fmt: skip
+    # With --peak-tflops, each side's prefill MFU: prefill FLOPs / median time / peak.
+    prefill_s = {side: spread(times[f"{side} prefill"]).median for side in ("transformers", "dew")}
     for name, goal in (("prefill", GOAL_PREFILL), ("ttft", None)):
         for side in ("transformers", "dew"):
-            bench.show(f"{side} {name}", times[f"{side} {name}"])
+            extra = mfu_text(flops, prefill_s[side], args.peak_tflops) if name == "prefill" else ""
+            bench.show(f"{side} {name}", times[f"{side} {name}"], extra=extra.strip())
         bench.compare(name, times[f"transformers {name}"], times[f"dew {name}"], goal)
     bench.say(
         "prefill [8, 512] against the matmul peaks measured in the same rounds (a peak's"
@@ -247,7 +255,10 @@ def main() -> None:
     for name, c in compiles.items():
         bench.say(f"{name}: 100 prompts of random length 1..256, 16 new tokens: {c['compiles']} "
                   f"programs compiled in {c['compile_s']:.1f} s (wall {c['wall_s']:.1f} s)")  # fmt: skip
-    bench.finish({"args": vars(args), "reference": info, "compiles": compiles})
+    bench.finish({"args": vars(args), "reference": info, "compiles": compiles,
+                  "prefill_flops": flops,
+                  "prefill_mfu": {side: mfu(flops, s, args.peak_tflops)
+                                  for side, s in prefill_s.items()}})  # fmt: skip
 
 
 def prefill_flops(params: int, cfg: dict, b: int, t: int) -> float:

@@ -39,6 +39,7 @@ from _rounds import (  # noqa: E402
     Worker,
     add_arguments,
     jnp_dot_peak,
+    mfu_text,
     reference_python,
     revision_env,
     revision_name,
@@ -302,7 +303,7 @@ def main() -> None:
     bench.say("step time per contender (peaks: the time the step's FLOPs take at that peak):")
     for name, values in times.items():
         median = spread(values).median
-        mfu = f"  MFU {flops / median / (args.peak_tflops * 1e12):.3f}" if args.peak_tflops else ""
+        mfu = mfu_text(flops, median, args.peak_tflops)
         bench.show(name, values, extra=f"{tokens / median:9.0f} tokens/s{mfu}")
     if "trl" in times:
         bench.compare("TRL SFTTrainer / dew (step time)", times["trl"], times["dew"], GOAL_TRL)
