@@ -187,7 +187,6 @@ class Trainer:
             init = jax.jit(self._init_fn, out_shardings=self._shardings)
             return init(variables, self._rng)
         state = take_over(self._init_fn, variables, self._rng, self._shardings)
-        del variables
         release_pretrained(self.objective)
         self._took_pretrained = True
         return state
