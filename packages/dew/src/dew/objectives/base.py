@@ -136,13 +136,28 @@ def _is_objective(value: Any) -> bool:
 def release_pretrained(objective: Any) -> int:
     """Drop the references ``objective`` keeps to its starting variables; the count dropped.
 
-    Every ``PRETRAINED_FIELDS`` entry of the objective's own attributes that is set becomes
-    ``None``, and the same is done for each objective it holds in an attribute (the wrapped
-    objective and policy copy of ``LoraObjective``, the policy half of ``PPOObjective``),
-    found by walking instance attributes, so no wrapper class needs to cooperate. A field
-    that cannot be assigned (a frozen dataclass) is left as it is. Afterwards ``init`` of
-    these objectives builds fresh variables, and something else (the Trainer's first state)
-    must own the arrays: ``Trainer(consume_pretrained=True)`` calls this once it does.
+    Every ``PRETRAINED_FIELDS`` entry set in the objective's own instance ``__dict__`` becomes
+    ``None``, and the same is done, recursively, for every objective held directly in one of
+    its instance attributes (duck-typed: a class with callable ``init`` and ``loss``). The
+    wrappers this reaches are:
+
+    * ``LoraObjective``: the wrapped objective (``objective``) and its adapter-model copy
+      (``policy``, a shallow copy that keeps its own ``pretrained`` reference);
+    * ``PPOObjective``: its GRPO policy half (the private ``_policy``, which holds the same
+      ``pretrained``), beside its own ``pretrained`` and ``critic_pretrained``;
+    * ``LoraPPOObjective``: the wrapped PPO objective (``objective``) and its adapter copy
+      (``ppo``), and through them PPO's ``_policy``.
+
+    Why a walk of ``__dict__``: each wrapper keeps its inner objectives under names of its
+    own (``objective``, ``policy``, ``ppo``, the private ``_policy``) and no interface lists
+    them, so walking the attributes finds them without any wrapper class having to cooperate
+    (no release hook to implement, and a new wrapper that keeps its inner objective in an
+    attribute is covered as it is); reading ``__dict__`` rather than ``getattr`` also skips
+    the LoRA wrappers' forwarding ``__getattr__``. Objectives inside containers (a list, a
+    dict) are not reached. A field that cannot be assigned (a frozen dataclass) is left as
+    it is. Afterwards ``init`` of these objectives builds fresh variables, and something else
+    (the Trainer's first state) must own the arrays: ``Trainer(consume_pretrained=True)``
+    calls this once it does.
     """
     pending, seen, dropped = [objective], set(), 0
     while pending:
