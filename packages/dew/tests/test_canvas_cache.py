@@ -177,7 +177,9 @@ def test_extend_equals_the_block_causal_mask(passes, window) -> None:
     # Row 1's keys (prompt of 2 + 6 generated) sit at slots 0..7, as a prefill of all 8 puts them.
     full = np.concatenate([left[1:2, 2:], chunks[1:2]], axis=1)
     _, again = prefill(full, np.array([8], np.int32), 10, 2)
-    for mine, ref in zip(cache.keys, again.keys):
+    for mine, ref in zip(cache.keys, again.keys):  # keys keep their slots last
+        np.testing.assert_allclose(mine[1, ..., :8], ref[0, ..., :8], atol=ATOL, rtol=RTOL)
+    for mine, ref in zip(cache.values, again.values):
         np.testing.assert_allclose(mine[1, :, :8], ref[0, :, :8], atol=ATOL, rtol=RTOL)
 
 

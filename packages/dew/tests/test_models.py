@@ -175,15 +175,22 @@ def test_packing_property(qwen3, lengths, seed):
 
 
 def test_decode_window_equals_full_cache(qwen3):
+    """A window only skips empty slots. The first layer writes the same cache bit for
+    bit (its key and value come before any attention); the logits and the later layers'
+    entries agree to float32 rounding (XLA's CPU kernels may sum a product of another
+    width in another order, so bit equality is not promised)."""
     model, variables, _ = qwen3
     padded = jnp.array([[0, 3, 4, 5], [9, 8, 7, 6]], jnp.int32)
     _, cache = model.apply(variables, padded, jnp.array([3, 4]), 24, method="prefill")
     tokens = jnp.array([1, 2])
     full, c1 = model.apply(variables, tokens, cache, method="decode")
     windowed, c2 = model.apply(variables, tokens, cache, None, 8, method="decode")
-    np.testing.assert_array_equal(full, windowed)
+    np.testing.assert_allclose(full, windowed, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(c1.keys[0], c2.keys[0])
+    np.testing.assert_array_equal(c1.values[0], c2.values[0])
     for a, b in zip(c1.keys + c1.values, c2.keys + c2.values):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(c1.lengths, c2.lengths)
 
 
 @pytest.mark.parametrize("tie", [True, False])

@@ -60,7 +60,8 @@ def attend_chunk(
     """The chunk's attention output and its rotated keys and values.
 
     attn: a bound `dew.models.layers.Attention`; x `[B, C, D]`; cos, sin `[B, C, Dh]`
-    (the tables of positions `lengths + 0 .. C-1`); caches `[B, KVH, S, Dh]`; lengths
+    (the tables of positions `lengths + 0 .. C-1`); key cache `[B, KVH, Dh, S]`, value
+    cache `[B, KVH, S, Dh]` (`dew.models.decoder.KVCache`); lengths
     int32 `[B]`. Returns the output `[B, C, D]` and keys, values `[B, C, KVH, Dh]` in the
     cache dtype (not written into the cache).
     """
@@ -69,11 +70,11 @@ def attend_chunk(
     q, k, v = attn._project(x, cos, sin)
     k, v = k.astype(k_cache.dtype), v.astype(v_cache.dtype)
     own_k, own_v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    seen_old, seen_own = chunk_masks(lengths, c, k_cache.shape[2], cfg.sliding_window)
-    old = jnp.where(seen_old[:, None, None], attn._scores(q, k_cache), NEG_INF)
+    s = v_cache.shape[2]
+    seen_old, seen_own = chunk_masks(lengths, c, s, cfg.sliding_window)
+    old = jnp.where(seen_old[:, None, None], attn._scores(q, k_cache, slots_last=True), NEG_INF)
     own = jnp.where(seen_own, attn._scores(q, own_k), NEG_INF)
     probs = jax.nn.softmax(jnp.concatenate([old, own], axis=-1), axis=-1).astype(v.dtype)
-    s = k_cache.shape[2]
     out = jnp.einsum("bkgts,bksd->btkgd", probs[..., :s], v_cache)
     out = out + jnp.einsum("bkgts,bksd->btkgd", probs[..., s:], own_v)
     return attn.o_proj(out.reshape(b, c, -1)), (k, v)
@@ -98,13 +99,18 @@ def layer_chunk(
     return x + layer.mlp(layer.post_attention_layernorm(x)), kv
 
 
-def write_chunk(cache: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
-    """cache `[B, KVH, S, Dh]` with `new` `[B, C, KVH, Dh]` at slots `lengths ..
-    lengths + C - 1` of each row; slots past the capacity are dropped."""
+def write_chunk(
+    cache: jax.Array, new: jax.Array, lengths: jax.Array, slot_axis: int = 2
+) -> jax.Array:
+    """cache with `new` `[B, C, KVH, Dh]` at slots `lengths .. lengths + C - 1` of each
+    row; slots past the capacity are dropped. slot_axis: 2 for a value cache
+    `[B, KVH, S, Dh]`, 3 for a key cache `[B, KVH, Dh, S]` (either way the indexed
+    update takes `new` in its `[B, C, KVH, Dh]` layout)."""
     b, c = new.shape[:2]
     rows = jnp.arange(b)[:, None]
     slots = lengths[:, None] + jnp.arange(c, dtype=lengths.dtype)[None, :]
-    return cache.at[rows, :, slots].set(new.astype(cache.dtype), mode="drop")
+    index = (rows,) + (slice(None),) * (slot_axis - 1) + (slots,)
+    return cache.at[index].set(new.astype(cache.dtype), mode="drop")
 
 
 __all__ = ["attend_chunk", "chunk_masks", "layer_chunk", "write_chunk"]

@@ -50,7 +50,9 @@ from dew.models.two_copy import TwoCopy
 class KVCache:
     """Per-layer keys and values plus each row's filled length.
 
-    keys, values: tuples of L arrays `[B, KVH, S, Dh]` in the compute dtype.
+    keys: tuple of L arrays `[B, KVH, Dh, S]` (slots last, the layout the decode
+    step's scores product reads without a transpose), in the compute dtype.
+    values: tuple of L arrays `[B, KVH, S, Dh]` in the compute dtype.
     lengths: int32 `[B]`, how many leading slots of each row hold real tokens.
     A row's tokens always occupy slots `0 .. lengths-1` in order, whatever
     padding its prompt had.
@@ -62,7 +64,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        return int(self.keys[0].shape[2])
+        return int(self.values[0].shape[2])
 
     @property
     def batch(self) -> int:
@@ -72,8 +74,11 @@ class KVCache:
 def empty_cache(config: DecoderConfig, batch: int, capacity: int) -> KVCache:
     """A zero cache of `batch` rows and `capacity` slots."""
     shape = (batch, config.kv_heads, capacity, config.width_per_head)
-    zeros = tuple(jnp.zeros(shape, config.compute_dtype) for _ in range(config.num_layers))
-    return KVCache(zeros, tuple(jnp.zeros_like(z) for z in zeros), jnp.zeros((batch,), jnp.int32))
+    key_shape = (batch, config.kv_heads, config.width_per_head, capacity)
+    dtype, layers = config.compute_dtype, range(config.num_layers)
+    keys = tuple(jnp.zeros(key_shape, dtype) for _ in layers)
+    values = tuple(jnp.zeros(shape, dtype) for _ in layers)
+    return KVCache(keys, values, jnp.zeros((batch,), jnp.int32))
 
 
 def _check_block(causal: bool, block_size: Any, two_copy: bool = False) -> None:
@@ -311,11 +316,12 @@ class CausalTransformer(nn.Module):
         dtype = self.config.compute_dtype
         keys: list[jax.Array] = []
         values: list[jax.Array] = []
+        # [B, P, KVH, Dh] -> keys [B, KVH, Dh, S], values [B, KVH, S, Dh]
         for k, v in kvs:
-            for arr, out in ((k, keys), (v, values)):
+            for arr, out, order in ((k, keys, (0, 2, 3, 1)), (v, values, (0, 2, 1, 3))):
                 arr = jnp.where(keep, arr, jnp.zeros_like(arr)).astype(dtype)
                 arr = jnp.pad(arr, ((0, 0), (0, capacity - p), (0, 0), (0, 0)))
-                out.append(arr.transpose(0, 2, 1, 3))
+                out.append(arr.transpose(order))
         return logits, KVCache(tuple(keys), tuple(values), lengths)
 
     def decode(
@@ -369,7 +375,7 @@ class CausalTransformer(nn.Module):
         keys, values = [], []
         for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
             x, (k, v) = layer_chunk(layer, x, cos, sin, k_cache, v_cache, cache.lengths)
-            keys.append(write_chunk(k_cache, k, cache.lengths))
+            keys.append(write_chunk(k_cache, k, cache.lengths, slot_axis=3))
             values.append(write_chunk(v_cache, v, cache.lengths))
         logits = self.logits_from_hidden(self.norm(x))
         return logits, KVCache(tuple(keys), tuple(values), cache.lengths + c)
