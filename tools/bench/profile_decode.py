@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import Bench, add_arguments, jnp_dot_peak  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
-from profile_step import parse_hlo  # noqa: E402
+from profile_step import isolated_products, parse_hlo  # noqa: E402
 
 CONTAINERS = ("while", "call", "conditional")  # their events enclose the operations inside
 
@@ -65,13 +65,14 @@ def part_of(entry: dict) -> str:
     return "draw+loop"
 
 
-def module_times(trace_dir: str) -> tuple[dict[str, dict[str, float]], float]:
-    """Seconds of every traced operation, by program (``hlo_module``) then operation name,
-    and the seconds of the traced Python call to ``serve`` (0 when the trace lacks it)."""
+def module_times(trace_dir: str) -> tuple[dict[str, dict[str, float]], dict, float]:
+    """Seconds and runs of every traced operation, by program (``hlo_module``) then operation
+    name, and the seconds of the traced Python call to ``serve`` (0 when the trace lacks it)."""
     files = sorted(Path(trace_dir).rglob("*.trace.json.gz"))
     events = json.load(gzip.open(files[-1]))
     events = events["traceEvents"] if isinstance(events, dict) else events
     out: dict[str, dict[str, float]] = collections.defaultdict(collections.Counter)
+    runs: dict[str, dict[str, float]] = collections.defaultdict(collections.Counter)
     serve = 0.0
     for event in events:
         if event.get("ph") != "X":
@@ -79,9 +80,10 @@ def module_times(trace_dir: str) -> tuple[dict[str, dict[str, float]], float]:
         module = event.get("args", {}).get("hlo_module")
         if module:
             out[module][event["name"]] += event.get("dur", 0) * 1e-6
+            runs[module][event["name"]] += 1
         elif event["name"].startswith("$") and event["name"].endswith(" serve"):
             serve = max(serve, event.get("dur", 0) * 1e-6)
-    return out, serve
+    return out, runs, serve
 
 
 def build_server(args: argparse.Namespace, batch: int):  # type: ignore[no-untyped-def]
@@ -144,7 +146,7 @@ def profile(bench: Bench, args: argparse.Namespace, batch: int, peak: float) -> 
     with tempfile.TemporaryDirectory() as trace_dir:
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
             serve()
-        times, traced_wall = module_times(trace_dir)
+        times, runs, traced_wall = module_times(trace_dir)
     infos = {key[0]: parse_hlo(p.as_text()) for key, p in server.programs._programs.items()}
     window = next(key[1] for key in server.programs._programs if key[0] == "decode")
     steps = args.new_tokens - 1  # the first id comes from the admission
@@ -173,9 +175,32 @@ def profile(bench: Bench, args: argparse.Namespace, batch: int, peak: float) -> 
     flops = decode_flops(args, batch, window) * steps
     bench.say(f"  decode products: {flops / products / 1e9:.1f} GFLOP/s traced, jnp.dot peak "
               f"{peak / 1e9:.1f} GFLOP/s ({flops / products / peak:.2f} of it)")  # fmt: skip
+    alone = products_alone(bench, infos, times, runs, steps, flops, peak)
     return {"serve_s": wall, "serve_walls": walls, "traced_wall_s": traced_wall,
             "traced_ops_s": traced, "steps": steps, "window": window, "decode_flops": flops,
-            "groups": {"/".join(k): v for k, v in groups.items()}}  # fmt: skip
+            "groups": {"/".join(k): v for k, v in groups.items()},
+            "isolated_products": alone}  # fmt: skip
+
+
+def products_alone(bench: Bench, infos: dict, times: dict, runs: dict, steps: int,
+                   flops: float, peak: float) -> dict:  # fmt: skip
+    """The decode program's products timed alone (``profile_step.isolated_products``), per step:
+    what the step's product shapes cost at XLA's own rate, each in a loop of its own with
+    its operands in the CPU's caches. With every other operation gone and each product at
+    that rate, a step would take ``alone`` and reach ``flops / peak / alone`` of the square
+    ``jnp.dot`` peak: an upper bound on the decode step's share of the peak for these shapes
+    (the step reads each layer's weights in turn, so they are not all cache-warm)."""
+    module = next(m for m in times if "decode" in m)
+    per_step = {name: s / steps for name, s in times[module].items()}
+    count = {name: n / steps for name, n in runs[module].items()}
+    alone = isolated_products(infos["decode"], per_step, count)
+    bound = flops / steps / peak / alone["alone_s"]
+    bench.say(f"  decode products alone ({alone['shapes']} shapes): {alone['alone_s'] * 1e3:.3f} "
+              f"ms/step against {alone['in_step_s'] * 1e3:.3f} in the step; at their alone "
+              f"rates and with nothing else, a step would run at {bound:.2f} of the peak")  # fmt: skip
+    for label, in_step, alone_s, _ in alone["by_shape"][:6]:
+        bench.say(f"    {label:40s} {in_step * 1e3:7.3f} ms in step {alone_s * 1e3:7.3f} ms alone")
+    return {**alone, "bound_share_of_peak": bound}
 
 
 def main() -> None:
