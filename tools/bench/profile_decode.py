@@ -13,6 +13,11 @@ per-row scatter of the new key and value), the norms, the draw (log-softmax, arg
 the loop's bookkeeping, and operations without metadata. The wall time the traced
 operations do not cover is the host's (scheduling, dispatch, copies to the host).
 
+The decode step's products are then timed outside it (``_products.py``): each shape alone
+in a loop of its own (operands cache-warm), and all of them together in one loop, each on
+operands of its own so the weights stream as in the step; each gives the share of the peak a
+step would reach with only its products left.
+
 Tracing adds a fixed cost to every operation, so small operations weigh more in the traced
 shares than in an untraced step; the untraced wall and the products' rate are printed
 beside them. It is a diagnosis, not a contest: no peer runs here.
@@ -34,9 +39,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _products import isolated_products, products_together  # noqa: E402
 from _rounds import Bench, add_arguments, jnp_dot_peak  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
-from profile_step import isolated_products, parse_hlo  # noqa: E402
+from profile_step import parse_hlo  # noqa: E402
 
 CONTAINERS = ("while", "call", "conditional")  # their events enclose the operations inside
 
@@ -184,12 +190,14 @@ def profile(bench: Bench, args: argparse.Namespace, batch: int, peak: float) -> 
 
 def products_alone(bench: Bench, infos: dict, times: dict, runs: dict, steps: int,
                    flops: float, peak: float) -> dict:  # fmt: skip
-    """The decode program's products timed alone (``profile_step.isolated_products``), per step:
-    what the step's product shapes cost at XLA's own rate, each in a loop of its own with
-    its operands in the CPU's caches. With every other operation gone and each product at
-    that rate, a step would take ``alone`` and reach ``flops / peak / alone`` of the square
-    ``jnp.dot`` peak: an upper bound on the decode step's share of the peak for these shapes
-    (the step reads each layer's weights in turn, so they are not all cache-warm)."""
+    """The decode program's products timed outside it (``_products``), per step. Alone: what
+    the step's product shapes cost at XLA's own rate, each in a loop of its own with its
+    operands in the CPU's caches; with every other operation gone and each product at that
+    rate, a step would reach ``flops / peak / alone`` of the square ``jnp.dot`` peak, an
+    upper bound for these shapes that no real step reaches, since the step reads each
+    layer's weights in turn. Together: all of the step's products in one loop, each on
+    operands of its own, so the weights stream as they do in the step; the share of the
+    peak it prints is what the step would reach with only its products left."""
     module = next(m for m in times if "decode" in m)
     per_step = {name: s / steps for name, s in times[module].items()}
     count = {name: n / steps for name, n in runs[module].items()}
@@ -200,7 +208,14 @@ def products_alone(bench: Bench, infos: dict, times: dict, runs: dict, steps: in
               f"rates and with nothing else, a step would run at {bound:.2f} of the peak")  # fmt: skip
     for label, in_step, alone_s, _ in alone["by_shape"][:6]:
         bench.say(f"    {label:40s} {in_step * 1e3:7.3f} ms in step {alone_s * 1e3:7.3f} ms alone")
-    return {**alone, "bound_share_of_peak": bound}
+    together = products_together(infos["decode"], per_step, count)
+    streamed = flops / steps / peak / together["together_s"]
+    bench.say(f"  decode products together ({together['products']} dots a turn, each on operands "
+              f"of its own, as the step reads each layer's weights in turn): "
+              f"{together['together_s'] * 1e3:.3f} ms/step; with nothing else, a step would run "
+              f"at {streamed:.2f} of the peak")  # fmt: skip
+    return {**alone, "bound_share_of_peak": bound, "together_s": together["together_s"],
+            "together_share_of_peak": streamed}  # fmt: skip
 
 
 def main() -> None:

@@ -9,7 +9,10 @@ on CPU). Each operation is looked up in the compiled HLO text, which says what i
 the optimizer update). Printed per group: milliseconds per step and share of the traced
 operation time; then the matrix products' rate against the same process's ``jnp.dot`` peak
 (model FLOPs over the time spent in products) and the slowest operations that are not
-products. It is a diagnosis, not a contest: no peer runs here (``bench_sft.py`` compares).
+products. The same products are then timed outside the step (``_products.py``): each shape
+alone with its operands cache-warm, and all of them together on operands of their own, the
+step with every other operation removed. It is a diagnosis, not a contest: no peer runs here
+(``bench_sft.py`` compares).
 
     .venv/bin/python tools/bench/profile_step.py [--shape small] [--batch 8] [--seq 256]
         [--steps 3] [--cpus 1] [--threads 1]
@@ -30,6 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _products import isolated_products, products_together  # noqa: E402
 from _rounds import Bench, add_arguments, jnp_dot_peak  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
 
@@ -121,91 +125,6 @@ def op_times(trace_dir: str, steps: int) -> tuple[dict[str, float], dict[str, fl
             total[event["name"]] += event.get("dur", 0) * 1e-6 / steps
             runs[event["name"]] += 1 / steps
     return dict(total), dict(runs)
-
-
-def isolated_products(info: dict, times: dict[str, float], runs: dict[str, float],
-                      repeats: int = 5) -> dict:  # fmt: skip
-    """The step's matrix products timed alone: every traced product instruction's dots run
-    as one jitted ``lax.dot_general`` at the same operand shapes, dtypes and dimension
-    numbers (best of ``repeats``), times its runs per step. What the products cost at
-    XLA's own rate for these shapes, with no fusion around them: the ceiling the step's
-    products can reach without changing their shapes. Also their FLOPs, from the shapes."""
-    import jax
-    import numpy as np
-
-    cache: dict[str, tuple[float, float]] = {}
-    rows: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
-    for name, seconds in times.items():
-        entry = info.get(name)
-        if not entry or not entry["matmul"] or not entry["dots"]:
-            continue
-        if any(d["lhs"] is None or d["rhs"] is None for d in entry["dots"]):
-            continue
-        keys = [json.dumps(d) for d in entry["dots"]]
-        for key, spec in zip(keys, entry["dots"]):
-            if key not in cache:
-                cache[key] = _time_dot(jax, np, spec, repeats)
-        row = rows[" + ".join(_label(d) for d in entry["dots"])]
-        row[0] += seconds
-        row[1] += sum(cache[k][0] for k in keys) * runs[name]
-        row[2] += sum(cache[k][1] for k in keys) * runs[name]
-    alone, in_step, flops = (sum(r[i] for r in rows.values()) for i in (1, 0, 2))
-    table = sorted(([label, *row] for label, row in rows.items()), key=lambda r: -r[1])
-    return {"alone_s": alone, "in_step_s": in_step, "flops": flops, "shapes": len(cache),
-            "by_shape": table}  # fmt: skip
-
-
-def _label(spec: dict) -> str:
-    """``[M,K]x[K,N]``-style label of a dot: operand shapes, contracted dims marked ``'``."""
-    dims = spec["dims"]
-    parts = []
-    for side in ("lhs", "rhs"):
-        contracted = dims.get(f"{side}_contracting_dims", ())
-        shape = spec[side][1]
-        parts.append("[" + ",".join(f"{n}'" if i in contracted else str(n)
-                                    for i, n in enumerate(shape)) + "]")  # fmt: skip
-    return "x".join(parts)
-
-
-def _time_dot(jax, np, spec: dict, repeats: int, inner: int = 16) -> tuple[float, float]:  # type: ignore[no-untyped-def]
-    """Best seconds of one dot at ``spec``'s shapes, and its FLOPs.
-
-    The dot runs ``inner`` times in one compiled loop, so a small product's time is not the
-    host's dispatch of a call; each turn scales the left operand by a carried 1.0, so the
-    product cannot be hoisted out of the loop (the scaling is one elementwise pass over
-    the left operand, small beside the product it feeds). The operands stay in the CPU's
-    caches from turn to turn: for operands that fit there (a decode step's weights) this
-    is the warm-cache time, below what the product costs in a program that reads other
-    weights between its runs."""
-    (lt, ls), (rt, rs), dims = spec["lhs"], spec["rhs"], spec["dims"]
-    numbers = ((dims.get("lhs_contracting_dims", ()), dims.get("rhs_contracting_dims", ())),
-               (dims.get("lhs_batch_dims", ()), dims.get("rhs_batch_dims", ())))  # fmt: skip
-    rng = np.random.default_rng(0)
-    lhs = jax.numpy.asarray(
-        rng.standard_normal(ls), lt.replace("bf", "bfloat").replace("f32", "float32")
-    )
-    rhs = jax.numpy.asarray(
-        rng.standard_normal(rs), rt.replace("bf", "bfloat").replace("f32", "float32")
-    )
-
-    def loop(a, b):  # type: ignore[no-untyped-def]
-        def turn(_, carry):  # type: ignore[no-untyped-def]
-            scale, _ = carry
-            out = jax.lax.dot_general(a * scale, b, numbers)
-            return scale + 0 * out.reshape(-1)[0].astype(scale.dtype), out
-
-        first = jax.lax.dot_general(a, b, numbers)
-        return jax.lax.fori_loop(0, inner, turn, (jax.numpy.ones((), a.dtype), first))[1]
-
-    dot = jax.jit(loop)
-    out = dot(lhs, rhs).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dot(lhs, rhs).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    contracted = int(np.prod([ls[i] for i in numbers[0][0]]))
-    return best / (inner + 1), 2.0 * out.size * contracted
 
 
 def build_step(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -301,13 +220,20 @@ def main() -> None:
               f"GFLOP): {alone['alone_s'] * 1e3:.1f} ms against {alone['in_step_s'] * 1e3:.1f} ms "
               f"in the step ({alone['alone_s'] / alone['in_step_s']:.2f}); alone they run at "
               f"{alone['flops'] / alone['alone_s'] / peak:.2f} of the square jnp.dot peak")  # fmt: skip
+    together = products_together(info, times, runs)
+    bench.say(f"the same products together ({together['products']} dots a turn, each on operands "
+              f"of its own): {together['together_s'] * 1e3:.1f} ms, "
+              f"{together['flops'] / together['together_s'] / peak:.2f} of the square peak; with "
+              f"every other operation gone the step would run at "
+              f"{flops / together['together_s'] / peak:.2f} of it")  # fmt: skip
     bench.say(
         f"{'product (contracted dims marked)':44s} {'in step':>9s} {'alone':>9s} {'GFLOP/s':>8s}"
     )
     for label, in_step, alone_s, gflop in alone["by_shape"][:10]:
         bench.say(f"{label:44s} {in_step * 1e3:8.1f}ms {alone_s * 1e3:8.1f}ms "
                   f"{gflop / max(in_step, 1e-12) / 1e9:8.1f}")  # fmt: skip
-    bench.finish({"args": vars(args), **payload, "isolated_products": alone})
+    bench.finish({"args": vars(args), **payload, "isolated_products": alone,
+                  "products_together": together})  # fmt: skip
 
 
 if __name__ == "__main__":
