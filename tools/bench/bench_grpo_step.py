@@ -40,6 +40,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import Bench, Worker, add_arguments, jnp_dot_peak, reference_python  # noqa: E402
+from _shapes import SHAPES  # noqa: E402
+
+TINY = SHAPES["tiny"]  # num_heads, num_kv_heads and mlp_features (4 x width) are fixed below
 
 GOAL = 3.0
 PHASES = ("generation", "reward + pack", "rescoring", "update")
@@ -57,9 +60,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--vocab", type=int, default=512)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--vocab", type=int, default=TINY["vocab_size"])
+    parser.add_argument("--width", type=int, default=TINY["hidden_size"])
+    parser.add_argument("--layers", type=int, default=TINY["num_hidden_layers"])
     parser.add_argument("--steps", type=int, default=2, help="steps per contender a round")
     parser.add_argument("--trl", action="store_true", help="also run TRL's GRPOTrainer step")
     parser.add_argument("--rescore", action="store_true",

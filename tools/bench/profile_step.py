@@ -17,7 +17,13 @@ step with every other operation removed. It is a diagnosis, not a contest: no pe
     .venv/bin/python tools/bench/profile_step.py [--shape small] [--batch 8] [--seq 256]
         [--steps 3] [--cpus 1] [--threads 1]
 
-Record: tools/bench/results/profile_step.json.
+``--shape tiny --batch 32 --seq 63`` runs the same LM step at the shapes of the GRPO step
+bench's update (its policy's forward and backward over 8 prompts x 4 samples of 63 tokens;
+the update's forward of the reference model runs dots of the same shapes): GRPO's loss only
+changes the elementwise work around the products.
+
+Record: tools/bench/results/profile_step.json (``profile_step_<shape>.json`` for a shape
+other than ``small``).
 """
 
 from __future__ import annotations
@@ -196,7 +202,9 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3, help="traced steps")
     args = parser.parse_args()
-    bench = Bench("profile_step", args.cpus, args.threads)
+    # another shape keeps its own record beside the small one's
+    name = "profile_step" if args.shape == "small" else f"profile_step_{args.shape}"
+    bench = Bench(name, args.cpus, args.threads)
     import jax
 
     step, state, batch, flops = build_step(args)
