@@ -149,3 +149,19 @@ def test_mfu_is_flops_over_time_over_the_peak():
     assert rounds.mfu(2e12, 0.5, 0.0) is None
     assert rounds.mfu_text(2e12, 0.5, 8.0) == "  MFU 0.500"
     assert rounds.mfu_text(2e12, 0.5, 0.0) == ""
+
+
+def test_prefill_flops_count_the_head_where_each_side_runs_it():
+    spec = importlib.util.spec_from_file_location("bench_generation",
+                                                  PATH.parent / "bench_generation.py")  # fmt: skip
+    assert spec is not None and spec.loader is not None
+    generation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generation)
+    cfg = {"vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 2,
+           "num_attention_heads": 3, "head_dim": 5}  # fmt: skip
+    params, b, t = 100, 2, 6  # 40 of the 100 are the tied head (vocab x width)
+    attention = 2 * 2 * 3 * 5 * t * (b * t)
+    every = generation.prefill_flops(params, cfg, b, t)
+    last = generation.prefill_flops(params, cfg, b, t, head_tokens=b)
+    assert every == 2.0 * params * b * t + attention
+    assert last == 2.0 * 60 * b * t + 2.0 * 40 * b + attention

@@ -19,11 +19,14 @@ pinned to the same CPUs with the same thread count; a round's value is the best 
 times (above 1: Dew faster) with the per-round spread and the verdict against the goals
 (decode >= 2.5x at each batch, prefill >= 1.5x), and the programs compiled while generating
 for 100 prompts of random lengths. The ``jnp.dot`` and torch matmul peaks (1024-square
-float32) run in the same rounds, as the time prefill's FLOPs would take at each: Dew's and
-transformers' shares of them, and the prefill ceiling (transformers' prefill time over the
-``jnp.dot`` peak time, the ratio a Dew prefill at the peak would reach) are printed, and
-the same ceiling for each decode batch. With ``--peak-tflops`` (the card's datasheet rate),
-each side's prefill MFU too: prefill FLOPs / median time / peak (record: ``prefill_mfu``).
+float32) run in the same rounds, as the time each side's prefill FLOPs would take at its
+own library's peak: Dew's and transformers' shares of them, and the prefill ceiling
+(transformers' prefill time over the time Dew's prefill FLOPs take at the ``jnp.dot`` peak,
+the ratio a Dew prefill at the peak would reach) are printed, and the same ceiling for each
+decode batch. Each side is counted for the work it does: transformers' forward computes the
+logits at every position, Dew's prefill only at each row's last token (``prefill_flops``).
+With ``--peak-tflops`` (the card's datasheet rate), each side's prefill MFU too: its prefill
+FLOPs / median time / peak (record: ``prefill_mfu``).
 Record: tools/bench/results/generation.json.
 """
 
@@ -197,10 +200,11 @@ def main() -> None:
                 "s"
             ]
             contenders["dew ttft"] = lambda: best(first_token)
-            flops = prefill_flops(info["params"], cfg, 8, 512)
-            contenders["jnp.dot peak"] = jnp_dot_peak(flops, device=args.device)
+            flops = {"dew": prefill_flops(info["params"], cfg, 8, 512, head_tokens=8),
+                     "transformers": prefill_flops(info["params"], cfg, 8, 512)}  # fmt: skip
+            contenders["jnp.dot peak"] = jnp_dot_peak(flops["dew"], device=args.device)
             contenders["torch matmul peak"] = lambda: (
-                flops / worker.ask(op="peak", reps=10)["flops_per_s"]
+                flops["transformers"] / worker.ask(op="peak", reps=10)["flops_per_s"]
             )
             times = bench.rounds(contenders, args.rounds)
         finally:
@@ -226,12 +230,18 @@ def main() -> None:
     prefill_s = {side: spread(times[f"{side} prefill"]).median for side in ("transformers", "dew")}
     for name, goal in (("prefill", GOAL_PREFILL), ("ttft", None)):
         for side in ("transformers", "dew"):
-            extra = mfu_text(flops, prefill_s[side], args.peak_tflops) if name == "prefill" else ""
+            extra = (
+                mfu_text(flops[side], prefill_s[side], args.peak_tflops)
+                if name == "prefill"
+                else ""
+            )
             bench.show(f"{side} {name}", times[f"{side} {name}"], extra=extra.strip())
         bench.compare(name, times[f"transformers {name}"], times[f"dew {name}"], goal)
     bench.say(
         "prefill [8, 512] against the matmul peaks measured in the same rounds (a peak's"
-        " value: the time prefill's FLOPs take at it):"
+        f" value: the time a side's prefill FLOPs take at it; Dew {flops['dew'] / 1e9:.1f},"
+        f" transformers {flops['transformers'] / 1e9:.1f} GFLOP, the head at the last token"
+        " against every token):"
     )
     for name in ("jnp.dot peak", "torch matmul peak"):
         bench.show(name, times[name])
@@ -248,7 +258,7 @@ def main() -> None:
     # run far below a square matmul's peak, so this ceiling is generous.
     whole = PROMPT_LEN + args.new_tokens
     for b in batches:
-        scale = prefill_flops(info["params"], cfg, b, whole) / flops
+        scale = prefill_flops(info["params"], cfg, b, whole) / flops["dew"]
         at_peak = [value * scale for value in times["jnp.dot peak"]]
         bench.compare(f"decode B={b} ceiling (transformers / jnp.dot peak time)",
                       times[f"transformers decode B={b}"], at_peak, GOAL_DECODE)  # fmt: skip
@@ -257,16 +267,21 @@ def main() -> None:
                   f"programs compiled in {c['compile_s']:.1f} s (wall {c['wall_s']:.1f} s)")  # fmt: skip
     bench.finish({"args": vars(args), "reference": info, "compiles": compiles,
                   "prefill_flops": flops,
-                  "prefill_mfu": {side: mfu(flops, s, args.peak_tflops)
+                  "prefill_mfu": {side: mfu(flops[side], s, args.peak_tflops)
                                   for side, s in prefill_s.items()}})  # fmt: skip
 
 
-def prefill_flops(params: int, cfg: dict, b: int, t: int) -> float:
-    """Forward FLOPs of a prefill of ``b`` rows of ``t`` tokens: 2 x params x tokens (the tied
-    head counted once, as its matmul) + causal attention (scores and values, half the square)."""
+def prefill_flops(params: int, cfg: dict, b: int, t: int, head_tokens: int | None = None) -> float:
+    """Forward FLOPs of a prefill of ``b`` rows of ``t`` tokens: 2 x the layers' parameters x
+    tokens, 2 x the tied head's (vocab x width: its matmul; the embedding lookup is free) x
+    ``head_tokens`` (default every token, as transformers' forward; Dew's prefill runs the head
+    on each row's last token, ``b``), and causal attention (scores and values, half the
+    square)."""
     tokens = b * t
+    head = cfg["vocab_size"] * cfg["hidden_size"]
     attention = 2 * cfg["num_hidden_layers"] * cfg["num_attention_heads"] * cfg["head_dim"]
-    return 2.0 * params * tokens + attention * t * tokens
+    on = tokens if head_tokens is None else head_tokens
+    return 2.0 * (params - head) * tokens + 2.0 * head * on + attention * t * tokens
 
 
 def compile_counts(model, variables, rng, vocab: int) -> dict:  # type: ignore[no-untyped-def]
