@@ -1,4 +1,5 @@
-"""Where the time of the ``Server``'s decode goes: a per-op profile of its compiled programs.
+"""Where the time of the ``Server``'s decode and of a prefill goes: per-op profiles of their
+compiled programs.
 
 Serves the work ``bench_generation.py`` times for Dew (a random Qwen3 of ``--shape``, batch
 ``B`` requests of ``--prompt`` ids, ``--new-tokens`` each, greedy, ``steps_per_call`` decode
@@ -17,6 +18,10 @@ The decode step's products are then timed outside it (``_products.py``): each sh
 in a loop of its own (operands cache-warm), and all of them together in one loop, each on
 operands of its own so the weights stream as in the step; each gives the share of the peak a
 step would reach with only its products left.
+
+Last, the prefill forward ``bench_generation.py`` times (``--prefill``, 8 x 512 ids): its
+traced operations grouped by part (``profile_step.group_of``) and its products run together,
+so the share of the peak its products alone would allow stands beside the share it reaches.
 
 Tracing adds a fixed cost to every operation, so small operations weigh more in the traced
 shares than in an untraced step; the untraced wall and the products' rate are printed
@@ -42,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _products import isolated_products, products_together  # noqa: E402
 from _rounds import Bench, add_arguments, jnp_dot_peak  # noqa: E402
 from _shapes import SHAPES  # noqa: E402
-from profile_step import parse_hlo  # noqa: E402
+from profile_step import group_of, op_times, parse_hlo  # noqa: E402
 
 CONTAINERS = ("while", "call", "conditional")  # their events enclose the operations inside
 
@@ -92,14 +97,12 @@ def module_times(trace_dir: str) -> tuple[dict[str, dict[str, float]], dict, flo
     return out, runs, serve
 
 
-def build_server(args: argparse.Namespace, batch: int):  # type: ignore[no-untyped-def]
-    """A ``Server`` of ``batch`` slots on a random model, and the work to serve (a callable)."""
+def build_model(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """A random Qwen3 of ``--shape`` (tied head, q/k norms) and its variables."""
     import jax
     import numpy as np
 
     from dew import models
-    from dew.inference import Server
-    from dew.sampling import Sampling
 
     shape = SHAPES[args.shape]
     model = models.build(
@@ -108,7 +111,18 @@ def build_server(args: argparse.Namespace, batch: int):  # type: ignore[no-untyp
         num_heads=shape["num_attention_heads"], num_kv_heads=shape["num_key_value_heads"],
         head_dim=shape["head_dim"], qk_norm=True, tie_embeddings=True,
     )  # fmt: skip
-    variables = model.init(jax.random.key(0), np.zeros((1, 8), np.int32))
+    return model, model.init(jax.random.key(0), np.zeros((1, 8), np.int32))
+
+
+def build_server(args: argparse.Namespace, batch: int):  # type: ignore[no-untyped-def]
+    """A ``Server`` of ``batch`` slots on a random model, and the work to serve (a callable)."""
+    import numpy as np
+
+    from dew.inference import Server
+    from dew.sampling import Sampling
+
+    shape = SHAPES[args.shape]
+    model, variables = build_model(args)
     server = Server(model, variables, slots=batch, capacity=args.prompt + args.new_tokens,
                     sampling=Sampling(temperature=0.0), steps_per_call=args.steps_per_call)  # fmt: skip
     prompts = np.random.default_rng(1).integers(1, shape["vocab_size"], (batch, args.prompt))
@@ -218,6 +232,51 @@ def products_alone(bench: Bench, infos: dict, times: dict, runs: dict, steps: in
             "together_share_of_peak": streamed}  # fmt: skip
 
 
+def profile_prefill(bench: Bench, args: argparse.Namespace, peak: float) -> dict:
+    """The prefill forward ``bench_generation.py`` times (``--prefill`` rows x length ids, every
+    row full): untraced best of ``--repeats``, then three traced runs grouped by part, and its
+    products timed outside it. Its share of the peak counts the dots it runs (from the HLO:
+    the head at each row's last token only)."""
+    import jax
+    import numpy as np
+
+    rows, length = (int(n) for n in args.prefill.split("x"))
+    model, variables = build_model(args)
+    ids = np.random.default_rng(1).integers(1, SHAPES[args.shape]["vocab_size"], (rows, length))
+    ids, lengths = ids.astype(np.int32), np.full((rows,), length, np.int32)
+    prefill = jax.jit(lambda v, i, n: model.apply(v, i, n, length, method="prefill"))
+    info = parse_hlo(prefill.lower(variables, ids, lengths).compile().as_text())
+    walls = []
+    for _ in range(args.repeats + 1):  # the first compiles
+        start = time.perf_counter()
+        jax.block_until_ready(prefill(variables, ids, lengths))
+        walls.append(time.perf_counter() - start)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
+            for _ in range(3):
+                jax.block_until_ready(prefill(variables, ids, lengths))
+        times, runs = op_times(trace_dir, 3)
+    groups: dict[tuple[str, str], float] = collections.Counter()
+    for name, seconds in times.items():
+        if name in info and info[name]["op"] not in CONTAINERS:
+            groups[group_of(info[name])[1:]] += seconds
+    wall, traced = min(walls[1:]), sum(groups.values())
+    together = products_together(info, times, runs)
+    flops = together["flops"]
+    bench.say(f"prefill [{rows}, {length}]: {wall * 1e3:.1f} ms untraced (best of {args.repeats}),"
+              f" traced operations {traced * 1e3:.1f} ms; {flops / 1e9:.2f} GFLOP in its dots, "
+              f"{flops / wall / peak:.2f} of the peak")  # fmt: skip
+    bench.say(f"  {'part':15s} {'kind':10s} {'ms':>8s} {'share':>6s}")
+    for (part, kind), seconds in sorted(groups.items(), key=lambda kv: -kv[1]):
+        bench.say(f"  {part:15s} {kind:10s} {seconds * 1e3:8.2f} {seconds / traced:6.1%}")
+    bench.say(f"  prefill products: {together['in_step_s'] * 1e3:.1f} ms in it, together "
+              f"{together['together_s'] * 1e3:.1f} ms ({together['products']} dots, each on "
+              f"operands of its own); with only its products, a prefill would run at "
+              f"{flops / together['together_s'] / peak:.2f} of the peak")  # fmt: skip
+    return {"wall_s": wall, "walls": walls, "traced_ops_s": traced, "flops": flops,
+            "groups": {"/".join(k): v for k, v in groups.items()}, "products_together": together}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, rounds=3)
@@ -227,12 +286,15 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="untraced serves, best kept")
+    parser.add_argument("--prefill", default="8x512",
+                        help="rows x length of the prefill profiled after the batches")  # fmt: skip
     args = parser.parse_args()
     bench = Bench("profile_decode", args.cpus, args.threads)
     at_peak = jnp_dot_peak(1e9)  # seconds a GFLOP takes at the peak
     peak = 1e9 / min(at_peak() for _ in range(3))
     results = {str(b): profile(bench, args, int(b), peak) for b in args.batches.split(",")}
-    bench.finish({"args": vars(args), "peak_flops": peak, "batches": results})
+    prefill = profile_prefill(bench, args, peak)
+    bench.finish({"args": vars(args), "peak_flops": peak, "batches": results, "prefill": prefill})
 
 
 if __name__ == "__main__":
