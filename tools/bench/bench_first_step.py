@@ -23,7 +23,10 @@ interleaved rounds (tools/bench/_rounds.py):
 Printed per contender: the first step (from the start of ``fit`` to the first logged step:
 state init, compile and one update; read from ``metrics.jsonl`` as the step's tokens over
 its ``tokens_per_s``) and the whole process (interpreter start to exit), median and spread;
-the ratios cold / warm and cold scan / cold; the cache hits and entries of each run. Record:
+the whole process's compile phases summed over its programs (JAX's own durations: tracing,
+lowering, the backend's compile or cache load), so a cold first step shows how much of it is
+XLA compiling; the ratios cold / warm and cold scan / cold; the cache hits and entries of each
+run. Record:
 tools/bench/results/first_step.json.
 """
 
@@ -41,19 +44,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _rounds import Bench, add_arguments, add_device_argument  # noqa: E402
 
-#: The child: ``dew.cli.main`` with JAX's cache events counted.
+#: The child: ``dew.cli.main`` with JAX's cache events counted and its compile phases summed
+#: (JAX's monitoring durations: tracing to a jaxpr, lowering to MLIR, and the backend's
+#: compile, which includes loading an executable from the persistent cache on a hit).
 CHILD = """
 import json, sys
 from jax import monitoring
-counts = {}
+counts, seconds = {}, {}
 monitoring.register_event_listener(
     lambda name, **kw: counts.__setitem__(name, counts.get(name, 0) + 1))
+monitoring.register_event_duration_secs_listener(
+    lambda name, secs, **kw: seconds.__setitem__(name, seconds.get(name, 0.0) + secs))
 from dew.cli import main
 status = main(sys.argv[1:])
 print("RESULT " + json.dumps({"status": status,
       "hits": counts.get("/jax/compilation_cache/cache_hits", 0),
-      "misses": counts.get("/jax/compilation_cache/cache_misses", 0)}))
+      "misses": counts.get("/jax/compilation_cache/cache_misses", 0),
+      **{phase: seconds.get("/jax/core/compile/" + event, 0.0) for phase, event in
+         (("trace", "jaxpr_trace_duration"), ("lower", "jaxpr_to_mlir_module_duration"),
+          ("backend compile", "backend_compile_duration"))}}))
 """
+PHASES = ("trace", "lower", "backend compile")
 
 
 def one_run(
@@ -81,7 +92,8 @@ def one_run(
     tokens = args.batch * args.seq_len  # a token file's rows are full: every id is predicted
     entries = 0 if cache is None else sum(1 for p in cache.rglob("*") if p.is_file())
     return {"first step": tokens / record["tokens_per_s"], "process": process_s,
-            "hits": result["hits"], "misses": result["misses"], "entries": entries}  # fmt: skip
+            "hits": result["hits"], "misses": result["misses"], "entries": entries,
+            **{phase: result[phase] for phase in PHASES}}  # fmt: skip
 
 
 NAMES = ("cold", "warm", "off", "cold scan", "warm scan")
@@ -131,7 +143,7 @@ def main() -> None:
             extra = scan_flag(name)
             got = one_run(work, name, cache, args, extra)
             counts.setdefault(name, []).append((got["hits"], got["misses"], got["entries"]))
-            return {"first step": got["first step"], "process": got["process"]}
+            return {part: got[part] for part in ("first step", "process", *PHASES)}
 
         return run
 
@@ -140,7 +152,7 @@ def main() -> None:
     bench.say(f"dew train lm --steps 1, {shape}, batch {args.batch}, seq_len {args.seq_len}, "
               f"JAX on {args.device}")  # fmt: skip
     for name in names:
-        for part in ("first step", "process"):
+        for part in ("first step", "process", *PHASES):
             bench.show(f"{name} {part}", times[f"{name} {part}"], scale=1.0, unit=" s", digits=2)
         hits = ", ".join(f"{h} hits/{m} misses/{e} entries" for h, m, e in counts[name])
         bench.say(f"  {name} cache per round: {hits}")
