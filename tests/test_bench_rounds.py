@@ -165,3 +165,16 @@ def test_prefill_flops_count_the_head_where_each_side_runs_it():
     last = generation.prefill_flops(params, cfg, b, t, head_tokens=b)
     assert every == 2.0 * params * b * t + attention
     assert last == 2.0 * 60 * b * t + 2.0 * 40 * b + attention
+
+
+def test_first_step_names_the_slowest_compiles_by_their_median():
+    spec = importlib.util.spec_from_file_location("bench_first_step",
+                                                  PATH.parent / "bench_first_step.py")  # fmt: skip
+    assert spec is not None and spec.loader is not None
+    first = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(first)
+    runs = [{"jit(step)": 2.0, "jit(init)": 1.0}, {"jit(step)": 1.8, "jit(a)": 0.1},
+            {"jit(step)": 1.9, "jit(init)": 1.2}]  # fmt: skip
+    assert first.slowest_programs(runs) == "jit(step) 1.90 s, jit(init) 1.00 s, jit(a) 0.00 s"
+    assert first.slowest_programs(runs, most=1) == "jit(step) 1.90 s"
+    assert "CHILD" in dir(first) and "backend_compile_duration" in first.CHILD

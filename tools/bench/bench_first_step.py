@@ -24,8 +24,8 @@ Printed per contender: the first step (from the start of ``fit`` to the first lo
 state init, compile and one update; read from ``metrics.jsonl`` as the step's tokens over
 its ``tokens_per_s``) and the whole process (interpreter start to exit), median and spread;
 the whole process's compile phases summed over its programs (JAX's own durations: tracing,
-lowering, the backend's compile or cache load), so a cold first step shows how much of it is
-XLA compiling; the ratios cold / warm and cold scan / cold; the cache hits and entries of each
+lowering, the backend's compile or cache load) and the programs whose backend compile took
+longest, so a cold first step shows how much of it is XLA compiling and on what; the ratios cold / warm and cold scan / cold; the cache hits and entries of each
 run. Record:
 tools/bench/results/first_step.json.
 """
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,16 +51,20 @@ from _rounds import Bench, add_arguments, add_device_argument  # noqa: E402
 CHILD = """
 import json, sys
 from jax import monitoring
-counts, seconds = {}, {}
+counts, seconds, programs = {}, {}, {}
+BACKEND = "/jax/core/compile/backend_compile_duration"
+def timed(name, secs, fun_name="", **kw):
+    seconds[name] = seconds.get(name, 0.0) + secs
+    if name == BACKEND:
+        programs[fun_name] = programs.get(fun_name, 0.0) + secs
 monitoring.register_event_listener(
     lambda name, **kw: counts.__setitem__(name, counts.get(name, 0) + 1))
-monitoring.register_event_duration_secs_listener(
-    lambda name, secs, **kw: seconds.__setitem__(name, seconds.get(name, 0.0) + secs))
+monitoring.register_event_duration_secs_listener(timed)
 from dew.cli import main
 status = main(sys.argv[1:])
 print("RESULT " + json.dumps({"status": status,
       "hits": counts.get("/jax/compilation_cache/cache_hits", 0),
-      "misses": counts.get("/jax/compilation_cache/cache_misses", 0),
+      "misses": counts.get("/jax/compilation_cache/cache_misses", 0), "programs": programs,
       **{phase: seconds.get("/jax/core/compile/" + event, 0.0) for phase, event in
          (("trace", "jaxpr_trace_duration"), ("lower", "jaxpr_to_mlir_module_duration"),
           ("backend compile", "backend_compile_duration"))}}))
@@ -93,10 +98,20 @@ def one_run(
     entries = 0 if cache is None else sum(1 for p in cache.rglob("*") if p.is_file())
     return {"first step": tokens / record["tokens_per_s"], "process": process_s,
             "hits": result["hits"], "misses": result["misses"], "entries": entries,
+            "programs": result["programs"],
             **{phase: result[phase] for phase in PHASES}}  # fmt: skip
 
 
 NAMES = ("cold", "warm", "off", "cold scan", "warm scan")
+
+
+def slowest_programs(runs: list[dict[str, float]], most: int = 4) -> str:
+    """``jit(step) 1.91 s, ...``: each program's median backend-compile seconds over the
+    runs (0 in a run that did not compile it), slowest first."""
+    names = {name for run in runs for name in run}
+    median = {n: statistics.median(run.get(n, 0.0) for run in runs) for n in names}
+    top = sorted(median.items(), key=lambda kv: -kv[1])[:most]
+    return ", ".join(f"{name} {secs:.2f} s" for name, secs in top)
 
 
 def scan_flag(name: str) -> tuple[str, ...]:
@@ -135,6 +150,7 @@ def main() -> None:
             bench.say(f"primed the {name} cache: {primed['entries']} entries, "
                       f"{primed['misses']} misses")  # fmt: skip
     counts: dict[str, list[tuple[int, int, int]]] = {}
+    programs: dict[str, list[dict[str, float]]] = {}
 
     def contender(name: str):
         def run() -> dict[str, float]:
@@ -143,6 +159,7 @@ def main() -> None:
             extra = scan_flag(name)
             got = one_run(work, name, cache, args, extra)
             counts.setdefault(name, []).append((got["hits"], got["misses"], got["entries"]))
+            programs.setdefault(name, []).append(got["programs"])
             return {part: got[part] for part in ("first step", "process", *PHASES)}
 
         return run
@@ -156,13 +173,16 @@ def main() -> None:
             bench.show(f"{name} {part}", times[f"{name} {part}"], scale=1.0, unit=" s", digits=2)
         hits = ", ".join(f"{h} hits/{m} misses/{e} entries" for h, m, e in counts[name])
         bench.say(f"  {name} cache per round: {hits}")
+        bench.say(f"  {name} backend compile by program (median of rounds): "
+                  f"{slowest_programs(programs[name])}")  # fmt: skip
     for part in ("first step", "process"):
         pairs = (("cold", "warm"), ("off", "warm"), ("cold scan", "cold"),
                  ("cold scan", "warm scan"), ("warm", "warm scan"))  # fmt: skip
         for a, b in pairs:
             if a in names and b in names:
                 bench.compare(f"{part}: {a} / {b}", times[f"{a} {part}"], times[f"{b} {part}"])
-    bench.finish({"seq_len": args.seq_len, "batch": args.batch, "counts": counts})
+    bench.finish({"seq_len": args.seq_len, "batch": args.batch, "counts": counts,
+                  "programs": programs})  # fmt: skip
 
 
 if __name__ == "__main__":
