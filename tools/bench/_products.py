@@ -62,7 +62,12 @@ def products_together(info: dict, times: dict[str, float], runs: dict[str, float
     product the loop reads every other product's operands, as the step reads each layer's
     weights in turn. Unlike ``isolated_products``, whose operands stay in the CPU's caches,
     this is what the products cost when their operands come from wherever the step's
-    working set puts them: the step's time with every other operation removed. Returns
+    working set puts them: the step's time with every other operation removed. Two ways it
+    departs from the step: each turn scales every left operand by a carried 1.0 (one
+    elementwise pass each, see ``_time_dot``: slightly pessimistic), and the turn's dots do
+    not depend on each other, so with more than one thread XLA may run them side by side
+    where the step runs most of them one after another (optimistic: a bound, not a
+    forecast). Returns
     ``together_s`` per step (best of ``repeats`` loops of ``inner`` turns), the FLOPs and
     the in-step seconds of the same instructions, and ``products`` (how many dots a turn
     runs)."""
