@@ -20,6 +20,15 @@ sys.modules.setdefault("_rounds", rounds)  # dataclasses look their module up
 spec.loader.exec_module(rounds)
 
 
+def _bench(name: str):  # type: ignore[no-untyped-def]
+    """Another script of ``tools/bench``, loaded from its file."""
+    found = importlib.util.spec_from_file_location(name, PATH.parent / f"{name}.py")
+    assert found is not None and found.loader is not None
+    module = importlib.util.module_from_spec(found)
+    found.loader.exec_module(module)
+    return module
+
+
 def test_spread_is_median_and_min_max():
     s = rounds.spread([3.0, 1.0, 2.0, 10.0])
     assert (s.median, s.low, s.high, s.count) == (2.5, 1.0, 10.0, 4)
@@ -115,10 +124,7 @@ def test_record_is_written_atomically_with_the_machine(tmp_path):
 def test_model_arguments_are_defined_once_for_the_model_benches():
     import argparse
 
-    spec = importlib.util.spec_from_file_location("_shapes", PATH.parent / "_shapes.py")
-    assert spec is not None and spec.loader is not None
-    shapes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shapes)
+    shapes = _bench("_shapes")
     parser = argparse.ArgumentParser()
     shapes.add_model_arguments(parser)
     args = parser.parse_args(["--shape", "qwen3-0.6b", "--dtype", "bfloat16"])
@@ -152,11 +158,7 @@ def test_mfu_is_flops_over_time_over_the_peak():
 
 
 def test_prefill_flops_count_the_head_where_each_side_runs_it():
-    spec = importlib.util.spec_from_file_location("bench_generation",
-                                                  PATH.parent / "bench_generation.py")  # fmt: skip
-    assert spec is not None and spec.loader is not None
-    generation = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generation)
+    generation = _bench("bench_generation")
     cfg = {"vocab_size": 10, "hidden_size": 4, "num_hidden_layers": 2,
            "num_attention_heads": 3, "head_dim": 5}  # fmt: skip
     params, b, t = 100, 2, 6  # 40 of the 100 are the tied head (vocab x width)
@@ -168,11 +170,7 @@ def test_prefill_flops_count_the_head_where_each_side_runs_it():
 
 
 def test_first_step_names_the_slowest_compiles_by_their_median():
-    spec = importlib.util.spec_from_file_location("bench_first_step",
-                                                  PATH.parent / "bench_first_step.py")  # fmt: skip
-    assert spec is not None and spec.loader is not None
-    first = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(first)
+    first = _bench("bench_first_step")
     runs = [{"jit(step)": 2.0, "jit(init)": 1.0}, {"jit(step)": 1.8, "jit(a)": 0.1},
             {"jit(step)": 1.9, "jit(init)": 1.2}]  # fmt: skip
     assert first.slowest_programs(runs) == "jit(step) 1.90 s, jit(init) 1.00 s, jit(a) 0.00 s"
