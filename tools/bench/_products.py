@@ -67,10 +67,9 @@ def products_together(info: dict, times: dict[str, float], runs: dict[str, float
     elementwise pass each, see ``_time_dot``: slightly pessimistic), and the turn's dots do
     not depend on each other, so with more than one thread XLA may run them side by side
     where the step runs most of them one after another (optimistic: a bound, not a
-    forecast). Returns
-    ``together_s`` per step (best of ``repeats`` loops of ``inner`` turns), the FLOPs and
-    the in-step seconds of the same instructions, and ``products`` (how many dots a turn
-    runs)."""
+    forecast). Returns ``together_s`` per step (best of ``repeats`` loops of ``inner``
+    turns), the FLOPs and the in-step seconds of the same instructions, and ``products``
+    (how many dots a turn runs)."""
     import jax
     import numpy as np
 

@@ -208,10 +208,10 @@ def products_alone(bench: Bench, infos: dict, times: dict, runs: dict, steps: in
     the step's product shapes cost at XLA's own rate, each in a loop of its own with its
     operands in the CPU's caches; with every other operation gone and each product at that
     rate, a step would reach ``flops / peak / alone`` of the square ``jnp.dot`` peak, an
-    upper bound for these shapes that no real step reaches, since the step reads each
-    layer's weights in turn. Together: all of the step's products in one loop, each on
-    operands of its own, so the weights stream as they do in the step; the share of the
-    peak it prints is what the step would reach with only its products left."""
+    upper bound for these shapes (the step reads each layer's weights in turn, so they are
+    not all cache-warm). Together: all of the step's products in one loop, each on operands
+    of its own, so the weights stream as they do in the step; the share of the peak it
+    prints bounds what the step would reach with only its products left."""
     module = next(m for m in times if "decode" in m)
     per_step = {name: s / steps for name, s in times[module].items()}
     count = {name: n / steps for name, n in runs[module].items()}
