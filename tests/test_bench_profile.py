@@ -67,3 +67,18 @@ def test_nothing_to_run_together_is_zero_work():
     out = products.products_together({"add.1": {"matmul": False, "dots": []}}, {"add.1": 1.0},
                                      {"add.1": 1.0})  # fmt: skip
     assert out == {"together_s": 0.0, "flops": 0.0, "in_step_s": 0.0, "products": 0}
+
+
+def test_the_prefill_shape_is_rows_by_length():
+    import argparse
+
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("profile_decode", BENCH / "profile_decode.py")
+    assert spec is not None and spec.loader is not None
+    decode = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(decode)
+    assert decode.rows_by_length("8x512") == (8, 512)
+    for bad in ("8", "8x", "0x512", "8x512x2", "ax512"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected ROWSxLENGTH"):
+            decode.rows_by_length(bad)

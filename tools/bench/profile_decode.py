@@ -240,7 +240,7 @@ def profile_prefill(bench: Bench, args: argparse.Namespace, peak: float) -> dict
     import jax
     import numpy as np
 
-    rows, length = (int(n) for n in args.prefill.split("x"))
+    rows, length = args.prefill
     model, variables = build_model(args)
     ids = np.random.default_rng(1).integers(1, SHAPES[args.shape]["vocab_size"], (rows, length))
     ids, lengths = ids.astype(np.int32), np.full((rows,), length, np.int32)
@@ -277,6 +277,14 @@ def profile_prefill(bench: Bench, args: argparse.Namespace, peak: float) -> dict
             "groups": {"/".join(k): v for k, v in groups.items()}, "products_together": together}  # fmt: skip
 
 
+def rows_by_length(text: str) -> tuple[int, int]:
+    """``"8x512"`` -> ``(8, 512)``: two positive whole numbers joined by ``x``."""
+    parts = text.split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"expected ROWSxLENGTH such as 8x512, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser, rounds=3)
@@ -286,8 +294,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--steps-per-call", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3, help="untraced serves, best kept")
-    parser.add_argument("--prefill", default="8x512",
-                        help="rows x length of the prefill profiled after the batches")  # fmt: skip
+    parser.add_argument("--prefill", default="8x512", type=rows_by_length,
+                        help="ROWSxLENGTH of the prefill profiled after the batches")  # fmt: skip
     args = parser.parse_args()
     bench = Bench("profile_decode", args.cpus, args.threads)
     at_peak = jnp_dot_peak(1e9)  # seconds a GFLOP takes at the peak
