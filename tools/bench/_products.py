@@ -84,30 +84,9 @@ def products_together(info: dict, times: dict[str, float], runs: dict[str, float
         in_step += seconds
     if not specs:
         return {"together_s": 0.0, "flops": 0.0, "in_step_s": 0.0, "products": 0}
-    rng = np.random.default_rng(0)
-    operands = [(_operand(jax, rng, *s["lhs"]), _operand(jax, rng, *s["rhs"])) for s in specs]
-    numbers = [_numbers(s["dims"]) for s in specs]
-
-    def loop(pairs):  # type: ignore[no-untyped-def]
-        def turn(_, carry):  # type: ignore[no-untyped-def]
-            scale, _ = carry
-            outs = tuple(jax.lax.dot_general(a * scale.astype(a.dtype), b, n)
-                         for (a, b), n in zip(pairs, numbers))  # fmt: skip
-            touch = sum(out.reshape(-1)[0].astype(scale.dtype) for out in outs)
-            return scale + 0 * touch, outs
-
-        first = tuple(jax.lax.dot_general(a, b, n) for (a, b), n in zip(pairs, numbers))
-        return jax.lax.fori_loop(0, inner, turn, (jax.numpy.ones((), "float32"), first))[1]
-
-    run = jax.jit(loop)
-    outs = jax.block_until_ready(run(operands))
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(run(operands))
-        best = min(best, time.perf_counter() - start)
+    turn_s, outs = _timed_loop(jax, np, specs, repeats, inner)
     flops = sum(2.0 * out.size * _contracted(s) for out, s in zip(outs, specs))
-    return {"together_s": best / (inner + 1), "flops": flops, "in_step_s": in_step,
+    return {"together_s": turn_s, "flops": flops, "in_step_s": in_step,
             "products": len(specs)}  # fmt: skip
 
 
@@ -151,24 +130,35 @@ def _time_dot(jax, np, spec: dict, repeats: int, inner: int = 16) -> tuple[float
     caches from turn to turn: for operands that fit there (a decode step's weights) this
     is the warm-cache time, below what the product costs in a program that reads other
     weights between its runs."""
-    numbers = _numbers(spec["dims"])
-    rng = np.random.default_rng(0)
-    lhs, rhs = _operand(jax, rng, *spec["lhs"]), _operand(jax, rng, *spec["rhs"])
+    seconds, (out,) = _timed_loop(jax, np, [spec], repeats, inner)
+    return seconds, 2.0 * out.size * _contracted(spec)
 
-    def loop(a, b):  # type: ignore[no-untyped-def]
+
+def _timed_loop(jax, np, specs: list[dict], repeats: int, inner: int) -> tuple[float, tuple]:  # type: ignore[no-untyped-def]
+    """Best seconds of one turn running every dot of ``specs`` on random operands of its own,
+    and the dots' outputs. One compiled loop of ``inner`` turns after a first one; each turn
+    scales every left operand by a carried 1.0 that the outputs feed back (times 0), so no
+    product is hoisted out of the loop."""
+    rng = np.random.default_rng(0)
+    operands = [(_operand(jax, rng, *s["lhs"]), _operand(jax, rng, *s["rhs"])) for s in specs]
+    numbers = [_numbers(s["dims"]) for s in specs]
+
+    def loop(pairs):  # type: ignore[no-untyped-def]
         def turn(_, carry):  # type: ignore[no-untyped-def]
             scale, _ = carry
-            out = jax.lax.dot_general(a * scale, b, numbers)
-            return scale + 0 * out.reshape(-1)[0].astype(scale.dtype), out
+            outs = tuple(jax.lax.dot_general(a * scale.astype(a.dtype), b, n)
+                         for (a, b), n in zip(pairs, numbers))  # fmt: skip
+            touch = sum(out.reshape(-1)[0].astype(scale.dtype) for out in outs)
+            return scale + 0 * touch, outs
 
-        first = jax.lax.dot_general(a, b, numbers)
-        return jax.lax.fori_loop(0, inner, turn, (jax.numpy.ones((), a.dtype), first))[1]
+        first = tuple(jax.lax.dot_general(a, b, n) for (a, b), n in zip(pairs, numbers))
+        return jax.lax.fori_loop(0, inner, turn, (jax.numpy.ones((), "float32"), first))[1]
 
-    dot = jax.jit(loop)
-    out = dot(lhs, rhs).block_until_ready()
+    run = jax.jit(loop)
+    outs = jax.block_until_ready(run(operands))
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        dot(lhs, rhs).block_until_ready()
+        jax.block_until_ready(run(operands))
         best = min(best, time.perf_counter() - start)
-    return best / (inner + 1), 2.0 * out.size * _contracted(spec)
+    return best / (inner + 1), outs
