@@ -25,8 +25,8 @@ state init, compile and one update; read from ``metrics.jsonl`` as the step's to
 its ``tokens_per_s``) and the whole process (interpreter start to exit), median and spread;
 the whole process's compile phases summed over its programs (JAX's own durations: tracing,
 lowering, the backend's compile or cache load) and the programs whose backend compile took
-longest, so a cold first step shows how much of it is XLA compiling and on what; the ratios cold / warm and cold scan / cold; the cache hits and entries of each
-run. Record:
+longest, so a cold first step shows how much of it is XLA compiling and on what; the ratios
+cold / warm and cold scan / cold; the cache hits and entries of each run. Record:
 tools/bench/results/first_step.json.
 """
 
