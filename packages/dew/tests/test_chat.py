@@ -112,7 +112,9 @@ def test_template_errors_name_the_file_line(tok, tmp_path, template, message):
         ({"messages": [{"role": "user", "content": 3}]}, r"bad.jsonl: line 2: message 0 content should be a string"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, r"bad.jsonl: line 2: message 0 role: unknown role 'wizard'"),
         ({"messages": []}, r"bad.jsonl: line 2: empty conversation"),
-        ({"messages": [{"role": "assistant", "content": "hi"}]}, r"bad.jsonl: line 2: the conversation starts with an assistant"),
+        ({"messages": [{"role": "assistant", "content": "hi"}]}, r"bad.jsonl: line 2: the conversation starts with an assistant message \(role 'assistant'\); expected system or user"),
+        ({"messages": [{"role": "tool", "content": "4"}, {"role": "user", "content": "hi"}]}, r"bad.jsonl: line 2: the conversation starts with a tool message \(role 'tool'\); expected system or user"),
+        ({"messages": [{"role": "ipython", "content": "4"}]}, r"bad.jsonl: line 2: the conversation starts with a tool message \(role 'ipython'\)"),
         ({"messages": [{"role": "user", "content": "word " * 200}]}, r"bad.jsonl: line 2: the conversation renders to \d+ tokens, more than a row of seq_len \+ 1 = 33"),
     ],
 )  # fmt: skip

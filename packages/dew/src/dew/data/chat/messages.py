@@ -14,8 +14,9 @@ JSON string of one) and is passed to the template with the messages; tool calls
 
 Checks, each raising with the file and row: malformed JSON, a missing messages column, an
 empty conversation, a message that is not an object, an unknown role, content that is
-neither a string nor null, a conversation starting with an assistant message, and a
-rendered conversation longer than ``seq_len + 1`` tokens.
+neither a string nor null, a conversation whose first message is neither a system nor a user
+message (an assistant or a tool message), and a rendered conversation longer than
+``seq_len + 1`` tokens.
 
 Packing: conversations (shuffled per epoch by ``seed`` unless ``shuffle=False``) are placed
 one after another into rows of ``seq_len + 1`` tokens; a conversation that does not fit in
@@ -154,8 +155,12 @@ def conversation(raw: Any, column: str, where: str) -> Row:
                 f"{where}: message {k} content should be a string, got {type(content).__name__}"
             )
         out.append(dict(m))
-    if Role.parse(out[0]["role"]) is Role.ASSISTANT:
-        raise ValueError(f"{where}: the conversation starts with an assistant message")
+    first = Role.parse(out[0]["role"])
+    if first not in (Role.SYSTEM, Role.USER):
+        raise ValueError(
+            f"{where}: the conversation starts with a{'n' if first is Role.ASSISTANT else ''} "
+            f"{first.name.lower()} message (role {out[0]['role']!r}); expected system or user"
+        )
     tools = raw.get("tools")
     if isinstance(tools, str):
         try:
