@@ -191,6 +191,36 @@ def test_packing_fields_and_resume(tok_dir, tmp_path):
             np.testing.assert_array_equal(got[k], b[k])
 
 
+def test_a_late_batch_packs_one_epoch_not_every_epoch_before_it(tok_dir, tmp_path, monkeypatch):
+    """Batches read in order pack each epoch once, and a batch many epochs in packs only its own
+    epoch: the loader's cost per batch does not grow with the step (it once re-packed epochs
+    0..e for every batch of epoch e)."""
+    from dew.data.chat import messages
+
+    spec = ChatMessages(write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS * 3), tok_dir,
+                        seq_len=191, seed=3)  # fmt: skip
+    docs = spec.encode(spec.path, spec.chat_tokenizer())
+    epochs, seen = 0, 0  # the epochs that batches 0..399 span, each epoch its own shuffle
+    while seen < 400:
+        order = np.random.default_rng([3, epochs]).permutation(len(docs))
+        seen += len(pack([docs[i] for i in order], 192, 0)["text"]) // 2
+        epochs += 1
+    packings: list[int] = []
+    real_pack = messages.pack
+    monkeypatch.setattr(messages, "pack", lambda *a: packings.append(1) or real_pack(*a))
+    source = messages._ChatSource(docs, 192, 2, 0, 3, True, None)
+    batches = [source.batch_at(Partition(), i) for i in range(400)]
+    assert epochs >= 20  # the batches span many epochs
+    assert len(packings) == epochs
+    packings.clear()
+    fresh = messages._ChatSource(docs, 192, 2, 0, 3, True, None)
+    np.testing.assert_array_equal(fresh.batch_at(Partition(), 399)["text"], batches[399]["text"])
+    assert len(packings) == 1
+    # the same batches through the Dataset, resumed late
+    late = next(spec.load(batch=2).stream(Partition(), start=399))
+    np.testing.assert_array_equal(late["text"], batches[399]["text"])
+
+
 def test_template_file_roundtrip(tok_dir):
     tok = ChatTokenizer.load(tok_dir)
     assert tok.chat_template == TEMPLATE and tok.pad_id == 0

@@ -26,9 +26,10 @@ and positions from 0; the rest of a row is padding (``pad_id``, role ``NONE``, s
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,23 +175,31 @@ def conversation(raw: Any, column: str, where: str) -> Row:
     return out, tools or None
 
 
+def packed_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """The documents (by index) of each row that ``pack`` fills from documents of ``lengths``
+    tokens, in order: a document that does not fit in what is left of a row starts the next.
+    Reads only the lengths, so counting an epoch's rows costs no array."""
+    rows: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i, length in enumerate(lengths):
+        if length > width:
+            raise ValueError(f"document {i}: {length} tokens exceed the row width {width}")
+        if used + length > width:
+            rows.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += length
+    if current:
+        rows.append(current)
+    return rows
+
+
 def pack(
     docs: Sequence[tuple[np.ndarray, np.ndarray]], width: int, pad_id: int
 ) -> dict[str, np.ndarray]:
     """Pack ``(ids, roles)`` documents in order into rows of ``width``; see the module doc."""
-    rows: list[list[int]] = []
-    current: list[int] = []
-    used = 0
-    for i, (ids, _) in enumerate(docs):
-        if len(ids) > width:
-            raise ValueError(f"document {i}: {len(ids)} tokens exceed the row width {width}")
-        if used + len(ids) > width:
-            rows.append(current)
-            current, used = [], 0
-        current.append(i)
-        used += len(ids)
-    if current:
-        rows.append(current)
+    rows = packed_rows([len(ids) for ids, _ in docs], width)
     n = len(rows)
     text = np.full((n, width), pad_id, np.int32)
     roles = np.zeros((n, width), np.int8)
@@ -210,6 +219,14 @@ def pack(
 
 @dataclass
 class _ChatSource:
+    """The packed batches of every epoch, one after another.
+
+    Each epoch is its own shuffle, so its packing (and its count of rows) differs from the
+    others'. ``batch_at`` finds an index's epoch from the cumulative batch counts, each
+    counted once from the documents' lengths (``packed_rows``), and packs only that epoch
+    (the one epoch kept in memory): a batch costs the same at step 10 and at step 10,000.
+    """
+
     docs: list[tuple[np.ndarray, np.ndarray]]
     width: int
     batch: int
@@ -218,37 +235,54 @@ class _ChatSource:
     shuffle: bool
     epochs: int | None
     _cache: dict[int, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    #: ``_ends[e]``: the batches of epochs ``0..e`` together.
+    _ends: list[int] = field(default_factory=list, repr=False)
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The documents of ``epoch`` in their packing order."""
+        if not self.shuffle:
+            return np.arange(len(self.docs))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.docs))
 
     def rows(self, epoch: int) -> dict[str, np.ndarray]:
         if epoch not in self._cache:
-            order = np.arange(len(self.docs))
-            if self.shuffle:
-                order = np.random.default_rng([self.seed, epoch]).permutation(len(self.docs))
+            order = self.order(epoch)
             self._cache.clear()
             self._cache[epoch] = pack([self.docs[i] for i in order], self.width, self.pad_id)
         return self._cache[epoch]
 
+    def batches_in(self, epoch: int) -> int:
+        """Whole batches in ``epoch``'s packing (its last partial batch is dropped)."""
+        order = self.order(epoch)
+        rows = len(packed_rows([len(self.docs[i][0]) for i in order], self.width))
+        if rows < self.batch:
+            raise ValueError(
+                f"ChatMessages: {rows} packed rows, fewer than one batch of {self.batch}"
+            )
+        return rows // self.batch
+
+    def _count_epochs(self, done: Callable[[], bool]) -> None:
+        """Count one more epoch's batches into ``_ends`` until ``done()``."""
+        while not done():
+            before = self._ends[-1] if self._ends else 0
+            self._ends.append(before + self.batches_in(len(self._ends)))
+
+    def epoch_of(self, index: int) -> tuple[int, int]:
+        """``(epoch, index within it)`` of the ``index``-th batch."""
+        self._count_epochs(lambda: bool(self._ends) and self._ends[-1] > index)
+        epoch = bisect.bisect_right(self._ends, index)
+        return epoch, index - (self._ends[epoch - 1] if epoch else 0)
+
     def num_batches(self, partition: Partition) -> int | None:
-        return (
-            None
-            if self.epochs is None
-            else sum(len(self.rows(e)["text"]) // self.batch for e in range(self.epochs))
-        )
+        epochs = self.epochs
+        if epochs is None:
+            return None
+        self._count_epochs(lambda: len(self._ends) >= epochs)
+        return self._ends[epochs - 1] if epochs else 0
 
     def batch_at(self, partition: Partition, index: int) -> dict[str, np.ndarray]:
-        epoch = 0
-        while True:
-            rows = self.rows(epoch)
-            per_epoch = len(rows["text"]) // self.batch
-            if per_epoch == 0:
-                raise ValueError(
-                    f"ChatMessages: {len(rows['text'])} packed rows, fewer than one batch of "
-                    f"{self.batch}"
-                )
-            if index < per_epoch:
-                break
-            index -= per_epoch
-            epoch += 1
+        epoch, index = self.epoch_of(index)
+        rows = self.rows(epoch)
         local = self.batch // partition.count
         lo = index * self.batch + partition.index * local
         return {k: v[lo : lo + local] for k, v in rows.items()}
