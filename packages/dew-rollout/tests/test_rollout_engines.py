@@ -24,7 +24,7 @@ from dew import models
 from dew.models import Pretrained
 from dew.recipes.schema import ConfigError
 from dew.rollout import EngineExited, engine_server, launch_engine
-from dew.rollout.launch import engine_command
+from dew.rollout.launch import engine_command, engine_env, engine_launch
 from dew.sampling import Sampling
 from dew.testing import alive
 
@@ -101,12 +101,26 @@ def test_a_port_in_use_is_refused_by_name(tmp_path):
      ({"args": "--x"}, "rollout.engine.launch.args"),
      ({"cpus": [-1]}, "rollout.engine.launch.cpus"),
      ({"ready_timeout": 0}, "rollout.engine.launch.ready_timeout"),
-     ({"python": "/no/such/python"}, "rollout.engine.launch.python")],
+     ({"python": "/no/such/python"}, "rollout.engine.launch.python"),
+     ({"env": {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}},
+      r"rollout.engine.launch.env.SGLANG_RETURN_ORIGINAL_LOGPROB: expected it unset")],
 )  # fmt: skip
 def test_bad_launch_settings_are_refused_by_key(tmp_path, launch, key):
     with contextlib.ExitStack() as stack, pytest.raises(ConfigError, match=f"^{key}"):
         launch_engine("vllm", tmp_path, run_dir=tmp_path, stack=stack, max_model_len=64,
                       launch=launch)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["sglang", "vllm"])
+def test_a_launched_engine_never_inherits_the_raw_log_prob_switch(monkeypatch, kind):
+    """With SGLANG_RETURN_ORIGINAL_LOGPROB in the user's shell, SGLang would report
+    log-probabilities before the temperature: a launched engine does not get it."""
+    monkeypatch.setenv("SGLANG_RETURN_ORIGINAL_LOGPROB", "1")
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("DEW_KEPT", "yes")
+    env = engine_env(kind, engine_launch({"env": {"EXTRA": "1"}}))
+    assert "SGLANG_RETURN_ORIGINAL_LOGPROB" not in env and "JAX_PLATFORMS" not in env
+    assert env["DEW_KEPT"] == "yes" and env["EXTRA"] == "1"
 
 
 def test_sigkill_of_the_parent_leaves_no_engine_behind(tmp_path):

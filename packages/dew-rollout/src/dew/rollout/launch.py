@@ -35,7 +35,10 @@ on is refused), `ready_timeout` (seconds, default 600), `max_model_len` (None: t
 caller's default, the policy's `max_seq_len`), `tokenizer` (a tokenizer directory: the
 engine loads it, `--tokenizer DIR` for vLLM and `--tokenizer-path DIR` for SGLang, in
 place of `--skip-tokenizer-init`, so it renders chats; needed behind a gateway whose agents
-send chats). `JAX_PLATFORMS` is dropped from the engine's environment unless `env` sets it.
+send chats). `JAX_PLATFORMS` is dropped from the engine's environment unless `env` sets it;
+`SGLANG_RETURN_ORIGINAL_LOGPROB` is always dropped (it makes SGLang report log-probabilities
+before the temperature, so every behaviour likelihood Dew records would be wrong at any
+temperature but one; `env` may not set it either).
 
 The engine's stdout and stderr are appended to `RUN_DIR/engine.log`, after a header line
 per launch. It runs under `engine_watch.py` in a process group of its own: the `stack`
@@ -61,7 +64,7 @@ from typing import Any
 import httpx
 
 from dew.processes import ProcessExited, start, stop, wait_ready
-from dew.recipes.rollout_config import EngineLaunch
+from dew.recipes.rollout_config import RAW_LOGPROB_VARIABLE, EngineLaunch
 from dew.recipes.schema import ConfigError, section
 from dew.rollout.errors import EngineError
 
@@ -159,11 +162,16 @@ def engine_command(
     return [python, *head, *common, *lora, *args]
 
 
+#: Variables of this process that a launched engine never inherits: JAX's platform choice
+#: (the engine is no JAX program) and SGLang's switch to raw, unscaled log-probabilities.
+NOT_INHERITED = ("JAX_PLATFORMS", RAW_LOGPROB_VARIABLE)
+
+
 def engine_env(kind: str, settings: EngineLaunch, lora: bool = False) -> dict[str, str]:
-    """The engine's environment: this process's, less `JAX_PLATFORMS`, plus the kind's
+    """The engine's environment: this process's, less `NOT_INHERITED`, plus the kind's
     switches (with `lora`, vLLM's run-time adapter routes), the devices and
-    `settings.env` (which wins)."""
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    `settings.env` (which wins; it cannot hold `RAW_LOGPROB_VARIABLE`)."""
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
     if kind == "vllm":
         env["VLLM_SERVER_DEV_MODE"] = "1"
         if lora:

@@ -91,6 +91,11 @@ class AdaptAhead:
             raise ConfigError(f"{where}.max_gap: expected a finite number > 0, got {gap!r}")
 
 
+#: SGLang's switch to report log-probabilities before the sampling temperature. Dew records
+#: the temperature-scaled ones as behaviour likelihoods, so no engine it drives may have it.
+RAW_LOGPROB_VARIABLE = "SGLANG_RETURN_ORIGINAL_LOGPROB"
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineLaunch:
     """A vLLM or SGLang server that Dew starts and stops with the run.
@@ -141,6 +146,12 @@ class EngineLaunch:
         ):
             raise ConfigError(
                 f"{where}.env: expected a mapping of names to strings, got {self.env!r}"
+            )
+        if RAW_LOGPROB_VARIABLE in self.env:
+            raise ConfigError(
+                f"{where}.env.{RAW_LOGPROB_VARIABLE}: expected it unset (it makes SGLang report "
+                "log-probabilities before the temperature, and Dew records the scaled ones), "
+                f"got {self.env[RAW_LOGPROB_VARIABLE]!r}"
             )
         object.__setattr__(self, "env", dict(self.env))
         if self.port is not None and not (is_int(self.port) and 1 <= self.port <= 65535):
