@@ -183,7 +183,7 @@ case "$_dew_engine_saved_flags" in *u*) set -u ;; esac
 unset _dew_engine_saved_flags _dew_engine_saved_pipefail
 if [ "$_dew_engine_ready" != "0" ]; then
     echo "container engine: unavailable; DOCKER_HOST and DEW_SANDBOX_IMAGE not exported," \
-        "container tests will skip" >&2
+        "container tests will skip (and fail under CI=true)" >&2
 fi
 unset _dew_engine_ready
 # Always succeed: a caller running under ``set -e`` must survive a missing engine; the

@@ -6,8 +6,9 @@ but one (`engine_cpus`), so the tests keep a core while it decodes. It serves wh
 module using it needs: token-id prompts and weight pushes, chats (it loads the tiny
 model's chat tokenizer, `rollout_engine.chat_tokenizer`) and run-time LoRA adapters up to
 rank `LORA_RANK`. The modules share its state, so each pushes the weights it starts from.
-When the engine's virtualenv is missing it skips with the reason; when it is present but
-the engine fails to start, the tests fail with the engine's log.
+When the engine's virtualenv is missing it skips with the reason (under ``CI=true`` the
+skip is a failure); when it is present but the engine fails to start, the tests fail with
+the engine's log.
 """
 
 from __future__ import annotations
@@ -72,12 +73,20 @@ class LiveEngine:
 
 
 @pytest.fixture(scope="session")
-def vllm_engine(
-    pretrained: Pretrained, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LiveEngine]:
+def vllm_env_python() -> Path:
+    """The python of the real vLLM engine's virtualenv. Without one a test skips saying why,
+    or fails under ``CI=true`` (the root conftest), where the engine must have been built."""
     python, reason = vllm_python()
     if python is None:
         pytest.skip(reason)
+    return python
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(
+    vllm_env_python: Path, pretrained: Pretrained, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveEngine]:
+    python = vllm_env_python
     root = tmp_path_factory.mktemp("vllm")
     directory = root / "policy"
     placeholder = SafetensorsReload(pretrained, directory, ["http://127.0.0.1:1"])

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 from gateway_fakes import MODEL, GatewayProcess
-from rollout_engine import chat_tokenizer, engine_cpus, vllm_python
+from rollout_engine import chat_tokenizer, engine_cpus
 from test_recipe_harbor import harbor_config
 
 from dew.cli import main
@@ -64,10 +64,9 @@ def live_engines(marker: str) -> list[str]:
     return found
 
 
-def test_train_grpo_on_harbor_trials_against_a_launched_engine(gateway, pretrained, tmp_path):
-    python, reason = vllm_python()
-    if python is None:
-        pytest.skip(reason)
+def test_train_grpo_on_harbor_trials_against_a_launched_engine(vllm_env_python, gateway,
+                                                               pretrained, tmp_path):
+    python = vllm_env_python
     writer = SafetensorsReload(pretrained, tmp_path / "policy", ["http://127.0.0.1:1"])
     writer.write()  # the policy the run starts from (model.pretrained)
     writer.close()

@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-from rollout_engine import engine_cpus, score_chains, tiny_pretrained, vllm_python
+from rollout_engine import engine_cpus, score_chains, tiny_pretrained
 
 from dew.recipes.generate import load_model
 from dew.testing import wait_for_checkpoint
@@ -84,11 +84,9 @@ def dew_train(config: Path, base: Path) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(vllm_env_python, tmp_path_factory):
     """The engine's python, a folder with the starting checkpoint, prompts and reward."""
-    python, reason = vllm_python()
-    if python is None:
-        pytest.skip(reason)
+    python = vllm_env_python
     base = tmp_path_factory.mktemp("vllm_train")
     start = tiny_pretrained()
     start.save(base / "start", dtype="float32")
