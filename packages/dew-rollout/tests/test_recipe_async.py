@@ -80,6 +80,8 @@ def test_train_grpo_async_draws_one_batch_ahead(tmp_path, monkeypatch, capsys):
     metrics = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4]
     assert all(np.isfinite(m["loss"]) for m in metrics)
+    # the reward of each trained batch, as rollout.jsonl has it, is in the step's metrics
+    assert [m["reward/mean"] for m in metrics] == [r["reward/mean"] for r in drawn]
     saved = json.load(open(run_dir / "config.json"))
     assert saved["rollout"]["mode"] == "async" and saved["rollout"]["max_lag"] == 1
 

@@ -340,11 +340,13 @@ class RolloutScheduler:
         out["old_log_probs"] = self.packer.rescore(variables, out)
         versions = [v for s in sessions for v in s.policy_versions()]
         oldest = min(versions) if versions else updates
-        self.last_metrics = sampling_metrics(work, self.rules)
-        metrics.update(self.last_metrics)
+        metrics.update(sampling_metrics(work, self.rules))
         source_metrics = getattr(self.source, "metrics", None)  # e.g. re-grading's counts
         if callable(source_metrics):
             metrics.update(source_metrics())
+        # the trainer logs these with the step (console, metrics.jsonl, trackers), as it logs
+        # a synchronous rollout's: the reward and its components among them
+        self.last_metrics = dict(metrics)
         if self.correction is not None:  # bounds measured on this batch's own ratios
             columns, measured = self.correction.observe(
                 out, out["old_log_probs"], out["behavior_log_probs"], mask=self.packer.mask
