@@ -1,7 +1,16 @@
 """examples/tool_episodes/chain.yaml learns: ``dew chain`` runs its warm-up and GRPO stages as
-written, and the held-out success rate (sampled episodes on task ids never trained on, against
-the same worker) rises by more than twice its standard error; so does the PPO stage (with a
-critic) its comment describes, made by ``--set`` from the same file."""
+written, and the held-out success rate (one sampled episode on each of 256 task ids never
+trained on, against the same worker) rises by more than three standard errors of the
+difference; so does the PPO stage (with a critic) its comment describes, made by ``--set``
+from the same file and started from the same warm-up.
+
+The lift holds by design, not by one CPU's rounding: the warm-up's careless tutor says the
+tool's result three times in ten and one more than it otherwise, so the policy starts with
+one specific habit, the right answer is sampled in nearly every group of eight, and each
+update pushes the same two answers apart. The RL stages take 20 small steps (1e-3) rather
+than a few large ones, which once swung the success rate by 0.3 between updates and left
+some CPUs' last update with a broken protocol. Measured on seeds 0-2, on an AMD EPYC with
+AVX-512 and with XLA capped at AVX2 and at AVX: docs/guides/episodes.md has the numbers."""
 
 from __future__ import annotations
 
@@ -46,10 +55,21 @@ def chain_run(example) -> pathlib.Path:
     return example
 
 
+@pytest.fixture(scope="module")
+def ppo_run(chain_run) -> pathlib.Path:
+    """The PPO chain of the config's comment, ``runs-ppo``, started from the chain run's
+    warm-up (a copy of its finished stage, which the chain resumes as complete)."""
+    shutil.copytree(chain_run / "runs" / "warmup", chain_run / "runs-ppo" / "warmup")
+    overrides = [part for assignment in PPO for part in ("--set", assignment)]
+    assert main(["chain", str(chain_run / "chain.yaml"), *overrides]) == 0
+    return chain_run
+
+
 @functools.cache
-def success(work: pathlib.Path, stage: str) -> tuple[float, float]:
+def success(work: pathlib.Path, stage: str) -> tuple[float, float, float]:
     """The mean reward and its standard error over one sampled episode per held-out task,
-    with the policy of ``stage`` and the example's own worker and budgets."""
+    with the policy of ``stage`` and the example's own worker and budgets, and the share of
+    those episodes that completed (the policy called, answered and stopped)."""
     from dew.inference import TextGeneration
     from dew.objectives.rl import EpisodeRollout
     from dew.recipes.environment_run import outcome_reward
@@ -63,33 +83,40 @@ def success(work: pathlib.Path, stage: str) -> tuple[float, float]:
                                      "limits": {"deadline_seconds": 300}})  # fmt: skip
     rollout = EpisodeRollout(TextGeneration(loaded.model), worker, outcome_reward, 8, 3, 2, 1,
                              Sampling(temperature=1.0, eos_id=1))  # fmt: skip
-    rewards = np.asarray([e.reward for start in range(0, len(HELD_OUT), 64) for e in
-                          rollout.collect(loaded.variables, HELD_OUT[start : start + 64],
-                                          jax.random.key(start))], np.float64)  # fmt: skip
-    return float(rewards.mean()), float(rewards.std(ddof=1) / math.sqrt(len(rewards)))
+    episodes = [e for start in range(0, len(HELD_OUT), 64) for e in
+                rollout.collect(loaded.variables, HELD_OUT[start : start + 64],
+                                jax.random.key(start))]  # fmt: skip
+    rewards = np.asarray([e.reward for e in episodes], np.float64)
+    completed = np.mean([str(e.status) == "completed" for e in episodes])
+    return (float(rewards.mean()), float(rewards.std(ddof=1) / math.sqrt(len(rewards))),
+            float(completed))  # fmt: skip
 
 
-def test_the_warm_up_teaches_the_protocol_not_the_answer(chain_run) -> None:
-    before, _ = success(chain_run, "runs/warmup")
-    assert before <= 0.25, before  # about one right digit in ten
+def lifts(work: pathlib.Path, start: str, stage: str) -> None:
+    """``stage`` succeeds on more held-out tasks than ``start`` by over three standard errors
+    of the difference, with the protocol kept (nearly every episode completes)."""
+    before, se_before, _ = success(work, start)
+    after, se_after, completed = success(work, stage)
+    assert after - before > 3 * math.hypot(se_before, se_after), (before, after)
+    assert completed >= 0.9, completed
+
+
+def test_the_warm_up_teaches_the_protocol_and_the_tutors_habit(chain_run) -> None:
+    before, _, completed = success(chain_run, "runs/warmup")
+    assert completed >= 0.95, completed  # it calls, answers and stops
+    assert 0.05 <= before <= 0.6, before  # the tutor's three in ten, learned loosely
     episodes = [json.loads(line) for line in open(chain_run / "runs" / "grpo" / "episodes.jsonl")]
-    completed = [e for e in episodes if e["status"] == "completed"]
-    assert len(completed) >= 0.9 * len(episodes)  # the policy calls, answers and stops
-    assert all(e["turns"] == 2 for e in completed if e["reward"] == 1.0)
+    completed_in_training = [e for e in episodes if e["status"] == "completed"]
+    assert len(completed_in_training) >= 0.9 * len(episodes)
+    assert all(e["turns"] == 2 for e in completed_in_training if e["reward"] == 1.0)
 
 
 def test_grpo_lifts_held_out_success_beyond_its_standard_error(chain_run) -> None:
-    before, se_before = success(chain_run, "runs/warmup")
-    after, se_after = success(chain_run, "runs/grpo")
-    assert after - before > 2 * math.hypot(se_before, se_after), (before, after)
+    lifts(chain_run, "runs/warmup", "runs/grpo")
 
 
-def test_the_ppo_stage_with_a_critic_lifts_held_out_success_too(example, capsys) -> None:
-    overrides = [part for assignment in PPO for part in ("--set", assignment)]
-    assert main(["chain", str(example / "chain.yaml"), *overrides]) == 0
-    assert "ppo (ppo): step 10, 10 updates" in capsys.readouterr().out
-    metrics = [json.loads(line) for line in open(example / "runs-ppo" / "ppo" / "metrics.jsonl")]
+def test_the_ppo_stage_with_a_critic_lifts_held_out_success_too(ppo_run) -> None:
+    metrics = [json.loads(line) for line in open(ppo_run / "runs-ppo" / "ppo" / "metrics.jsonl")]
+    assert len(metrics) == 20 // 5 and metrics[-1]["step"] == 20  # log_every 5
     assert all(m["critic/loss"] > 0 for m in metrics)  # the critic trained alongside
-    before, se_before = success(example, "runs-ppo/warmup")
-    after, se_after = success(example, "runs-ppo/ppo")
-    assert after - before > 2 * math.hypot(se_before, se_after), (before, after)
+    lifts(ppo_run, "runs/warmup", "runs-ppo/ppo")

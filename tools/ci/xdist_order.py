@@ -58,7 +58,7 @@ SECONDS: dict[str, float] = {
     "packages/dew-rollout/tests/test_recipe_async.py": 155,
     "packages/dew-rollout/tests/test_recipe_harbor_launch.py": 95,
     "packages/dew-rollout/tests/test_rollout_scheduler_processes.py": 95,
-    "tests/test_tool_episodes_example.py": 210,
+    "tests/test_tool_episodes_example.py": 360,
     "tests/test_docs.py": 240,
     "tests/test_episode_pool.py": 70,
     "tests/test_ppo_pool.py": 60,
