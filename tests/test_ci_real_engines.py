@@ -12,7 +12,7 @@ pytest_plugins = ["pytester"]
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-SUITE = '''
+SUITE = """
 import pytest
 
 @pytest.fixture(scope="session")
@@ -35,7 +35,7 @@ def test_runs_in_a_container(container_runner):
 
 def test_plain():
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -49,14 +49,22 @@ def test_without_ci_a_missing_engine_skips_and_is_counted(suite, monkeypatch):
     monkeypatch.delenv("CI", raising=False)
     result = suite.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, skipped=1)
-    result.stdout.fnmatch_lines(["real vLLM engine tests: 0 passed, 0 failed, 1 skipped (of 1)",
-                                 "container engine tests: 1 passed, 0 failed, 0 skipped (of 1)"])
+    result.stdout.fnmatch_lines(
+        [
+            "real vLLM engine tests: 0 passed, 0 failed, 1 skipped (of 1)",
+            "container engine tests: 1 passed, 0 failed, 0 skipped (of 1)",
+        ]
+    )
 
 
 def test_under_ci_a_missing_engine_fails_saying_why(suite, monkeypatch):
     monkeypatch.setenv("CI", "true")
     result = suite.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*CI=true needs the real vLLM engine, but the test would skip: "
-                                 "*no vLLM virtualenv here*",
-                                 "real vLLM engine tests: 0 passed, 1 failed, 0 skipped (of 1)"])
+    result.stdout.fnmatch_lines(
+        [
+            "*CI=true needs the real vLLM engine, but the test would skip: "
+            "*no vLLM virtualenv here*",
+            "real vLLM engine tests: 0 passed, 1 failed, 0 skipped (of 1)",
+        ]
+    )

@@ -45,14 +45,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", help="directory to write warmup.bin into")
     parser.add_argument("--rows", type=int, default=4096, help="transcripts to write")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--right", type=float, default=RIGHT,
-                        help="share of answers that repeat the tool's result")
+    parser.add_argument(
+        "--right", type=float, default=RIGHT, help="share of answers that repeat the tool's result"
+    )
     args = parser.parse_args(argv)
     if not 0.0 <= args.right <= 1.0:
         parser.error(f"--right: expected a fraction in [0, 1], got {args.right}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_tokens(out / "warmup.bin", transcripts(args.rows, args.seed, args.right).reshape(-1), "uint16")
+    write_tokens(
+        out / "warmup.bin", transcripts(args.rows, args.seed, args.right).reshape(-1), "uint16"
+    )
     print(f"wrote {args.rows} transcripts to {out / 'warmup.bin'}")
     return 0
 

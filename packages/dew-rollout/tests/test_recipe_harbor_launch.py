@@ -64,8 +64,9 @@ def live_engines(marker: str) -> list[str]:
     return found
 
 
-def test_train_grpo_on_harbor_trials_against_a_launched_engine(vllm_env_python, gateway,
-                                                               pretrained, tmp_path):
+def test_train_grpo_on_harbor_trials_against_a_launched_engine(
+    vllm_env_python, gateway, pretrained, tmp_path
+):
     python = vllm_env_python
     writer = SafetensorsReload(pretrained, tmp_path / "policy", ["http://127.0.0.1:1"])
     writer.write()  # the policy the run starts from (model.pretrained)
