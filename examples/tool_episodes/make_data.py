@@ -49,13 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         "--right", type=float, default=RIGHT, help="share of answers that repeat the tool's result"
     )
     args = parser.parse_args(argv)
-    if not 0.0 <= args.right <= 1.0:
-        parser.error(f"--right: expected a fraction in [0, 1], got {args.right}")
+    try:
+        rows = transcripts(args.rows, args.seed, args.right)
+    except ValueError as err:  # the one range check: transcripts'
+        parser.error(f"--{err}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_tokens(
-        out / "warmup.bin", transcripts(args.rows, args.seed, args.right).reshape(-1), "uint16"
-    )
+    write_tokens(out / "warmup.bin", rows.reshape(-1), "uint16")
     print(f"wrote {args.rows} transcripts to {out / 'warmup.bin'}")
     return 0
 

@@ -344,16 +344,15 @@ class RolloutScheduler:
         source_metrics = getattr(self.source, "metrics", None)  # e.g. re-grading's counts
         if callable(source_metrics):
             metrics.update(source_metrics())
-        # the trainer logs these with the step (console, metrics.jsonl, trackers), as it logs
-        # a synchronous rollout's: the reward and its components among them
-        self.last_metrics = dict(metrics)
         if self.correction is not None:  # bounds measured on this batch's own ratios
             columns, measured = self.correction.observe(
                 out, out["old_log_probs"], out["behavior_log_probs"], mask=self.packer.mask
             )
             out.update(columns)
             metrics.update(measured)
-            self.last_metrics = {**self.last_metrics, **measured}
+        # the trainer logs these with the step (console, metrics.jsonl, trackers), as it logs
+        # a synchronous rollout's: the reward and its components among them
+        self.last_metrics = dict(metrics)
         counts = work.counts
         record = SchedulerRecord(
             step=self._step, index=work.index, updates=updates, version=oldest,

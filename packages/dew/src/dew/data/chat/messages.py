@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -261,24 +261,24 @@ class _ChatSource:
             )
         return rows // self.batch
 
-    def _count_epochs(self, done: Callable[[], bool]) -> None:
-        """Count one more epoch's batches into ``_ends`` until ``done()``."""
-        while not done():
-            before = self._ends[-1] if self._ends else 0
-            self._ends.append(before + self.batches_in(len(self._ends)))
+    def _count_next_epoch(self) -> None:
+        """Append the next epoch's cumulative batch count to ``_ends``."""
+        before = self._ends[-1] if self._ends else 0
+        self._ends.append(before + self.batches_in(len(self._ends)))
 
     def epoch_of(self, index: int) -> tuple[int, int]:
         """``(epoch, index within it)`` of the ``index``-th batch."""
-        self._count_epochs(lambda: bool(self._ends) and self._ends[-1] > index)
+        while not self._ends or self._ends[-1] <= index:
+            self._count_next_epoch()
         epoch = bisect.bisect_right(self._ends, index)
         return epoch, index - (self._ends[epoch - 1] if epoch else 0)
 
     def num_batches(self, partition: Partition) -> int | None:
-        epochs = self.epochs
-        if epochs is None:
+        if self.epochs is None:
             return None
-        self._count_epochs(lambda: len(self._ends) >= epochs)
-        return self._ends[epochs - 1] if epochs else 0
+        while len(self._ends) < self.epochs:
+            self._count_next_epoch()
+        return self._ends[self.epochs - 1] if self.epochs else 0
 
     def batch_at(self, partition: Partition, index: int) -> dict[str, np.ndarray]:
         epoch, index = self.epoch_of(index)
